@@ -1,0 +1,44 @@
+# The two commands of the README: `make demo` and `make test`. Both set up what they need.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all lint typecheck unit integration crds bench prometheus clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 (Debian: apt-get install python3.11 python3.11-venv)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# The real Prometheus server (Debian package) backs the integration and e2e tests and the demo.
+prometheus:
+	@bash scripts/ensure-prometheus.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check operator sim tests bench e2e
+	$(BIN)/ruff format --check operator sim tests bench e2e
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) prometheus lint typecheck
+	$(BIN)/pytest -q
+
+test-all: $(STAMP) prometheus
+	$(BIN)/pytest -q -m ''
+
+crds: $(STAMP)
+	$(BIN)/vllm-autotuner crds --out crds
+
+demo: $(STAMP) prometheus
+	$(BIN)/vllm-autotuner demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
