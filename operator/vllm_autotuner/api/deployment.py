@@ -1,0 +1,305 @@
+"""The app team's kind: ``VLLMDeployment`` (namespaced).
+
+The spec describes what to serve and how; the three tuned knobs are optional pins. Everything the
+operator renders itself (model, port, parallelism, the knobs, and the engine fields below) must not
+be set again through ``engine.extraArgs``: vLLM would take the last occurrence and silently undo
+the tuner or the operator.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from vllm_autotuner.api.common import (
+    MODES,
+    KnobsSpec,
+    Mode,
+    Rule,
+    SLOOverrides,
+    SpecModel,
+    cel,
+    section,
+)
+
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
+
+MODEL_PATTERN = r"^[A-Za-z0-9./][A-Za-z0-9._~:/@+=%,-]*$"
+"""HF ids ("org/name"), local paths ("/models/x") and URLs ("s3://b/k"): no whitespace, quotes,
+backslashes or braces, because the value becomes a CLI argument and a PromQL label value."""
+
+SERVED_MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:/-]*[A-Za-z0-9])?$"
+K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+NO_WHITESPACE_PATTERN = r"^[^\s]+$"
+EXTRA_ARG_PATTERN = r"^[^\x00\r\n]*$"
+PERCENT_OR_INT_PATTERN = r"^(100|[1-9]?[0-9])%$"
+
+OWNED_FLAGS: tuple[str, ...] = (
+    # rendered from the spec
+    "model",
+    "served-model-name",
+    "host",
+    "port",
+    "tensor-parallel-size",
+    "max-model-len",
+    "dtype",
+    "kv-cache-dtype",
+    "enable-prefix-caching",
+    "no-enable-prefix-caching",
+    "block-size",
+    # the tuned knobs, their aliases, and flags that silently override them (vllm.md §2.1)
+    "max-num-batched-tokens",
+    "max-num-scheduled-tokens",
+    "max-num-seqs",
+    "gpu-memory-utilization",
+    "device-memory-utilization",
+    "kv-cache-memory-bytes",
+    "kv-cache-memory",
+)
+"""Flags without the leading dashes. vLLM's parser also accepts underscores (--max_num_seqs)."""
+
+SHORT_OWNED_FLAGS: tuple[str, ...] = ("tp",)
+"""vLLM's short alias -tp for --tensor-parallel-size."""
+
+
+def _owned_flag_pattern() -> str:
+    long_forms = "|".join(f.replace("-", "[-_]") for f in OWNED_FLAGS)
+    short_forms = "|".join(SHORT_OWNED_FLAGS)
+    return f"^(--({long_forms})|-({short_forms}))(=.*)?$"
+
+
+OWNED_FLAG_PATTERN = _owned_flag_pattern()
+_OWNED_FLAG = re.compile(OWNED_FLAG_PATTERN, re.DOTALL)
+
+EXTRA_ARG_NOT_OWNED = Rule(
+    rule=f"!self.matches('{OWNED_FLAG_PATTERN}')",
+    message=(
+        "extraArgs must not set flags the operator owns (model, port, host, parallelism, dtype,"
+        " block size, prefix caching, max-model-len and the tuned knobs); use the spec fields"
+    ),
+)
+TP_LE_GPU_COUNT = Rule(
+    rule=(
+        "!has(self.engine) || !has(self.engine.tensorParallelSize)"
+        " || self.engine.tensorParallelSize <= (has(self.gpu) && has(self.gpu.count)"
+        " ? self.gpu.count : 1)"
+    ),
+    message="engine.tensorParallelSize must be <= gpu.count",
+    field_path=".engine.tensorParallelSize",
+)
+ROLLOUT_NOT_BOTH_ZERO = Rule(
+    rule=(
+        "!((!has(self.maxSurge) || (type(self.maxSurge) == int ? self.maxSurge == 0"
+        " : self.maxSurge == '0%')) && has(self.maxUnavailable)"
+        " && (type(self.maxUnavailable) == int ? self.maxUnavailable == 0"
+        " : self.maxUnavailable == '0%'))"
+    ),
+    message="rollout.maxSurge and rollout.maxUnavailable must not both be zero",
+)
+INT_OR_PERCENT = Rule(
+    rule=f"type(self) == int ? self >= 0 : self.matches('{PERCENT_OR_INT_PATTERN}')",
+    message="must be a non-negative integer or a percentage such as 25%",
+)
+
+
+IntOrPercent = Annotated[
+    int | Annotated[str, Field(pattern=PERCENT_OR_INT_PATTERN, max_length=4)],
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, **cel(INT_OR_PERCENT)}),
+]
+
+
+def _is_zero(value: int | str) -> bool:
+    return value == 0 or value == "0%"
+
+
+class LocalObjectReference(SpecModel):
+    """corev1.LocalObjectReference, for image pull secrets."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=K8S_NAME_PATTERN)
+
+
+class GPUSpec(SpecModel):
+    """What the pod asks for, and which GPU it lands on (vLLM's defaults depend on it)."""
+
+    count: int = Field(default=1, ge=1, le=16, description="GPUs per replica.")
+    resource_name: str = Field(
+        default="nvidia.com/gpu",
+        alias="resourceName",
+        min_length=1,
+        max_length=253,
+        pattern=NO_WHITESPACE_PATTERN,
+    )
+    product: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$",
+        description="GPU product, e.g. H100, H200, A100-80GB, A100-40GB, L40S, B200.",
+    )
+    memory_gib: float | None = Field(
+        default=None,
+        alias="memoryGiB",
+        gt=0,
+        le=4096,
+        description="Per-GPU memory; overrides the product's for vLLM's default-tier choice.",
+    )
+
+
+FreeObject = dict[str, Any]
+
+
+class Placement(SpecModel):
+    """Scheduling constraints, passed to the pod template unchanged."""
+
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, alias="nodeSelector", max_length=64
+    )
+    tolerations: list[FreeObject] = Field(default_factory=list, max_length=64)
+    affinity: FreeObject = Field(default_factory=dict)
+    priority_class_name: str | None = Field(
+        default=None, alias="priorityClassName", max_length=253, pattern=K8S_NAME_PATTERN
+    )
+
+
+ExtraArg = Annotated[
+    str,
+    Field(max_length=256, pattern=EXTRA_ARG_PATTERN, json_schema_extra=cel(EXTRA_ARG_NOT_OWNED)),
+]
+
+
+class EngineSpec(SpecModel):
+    """vLLM engine settings that are not tuned."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1, le=16, alias="tensorParallelSize")
+    max_model_len: int | None = Field(default=None, ge=16, le=16_777_216, alias="maxModelLen")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = Field(
+        default="auto", alias="kvCacheDtype"
+    )
+    enable_prefix_caching: bool | None = Field(default=None, alias="enablePrefixCaching")
+    block_size: Literal[8, 16, 32, 64, 128] | None = Field(default=None, alias="blockSize")
+    extra_args: list[ExtraArg] = Field(
+        default_factory=list,
+        alias="extraArgs",
+        max_length=64,
+        description="More vLLM arguments, passed as separate argv entries (never through a shell).",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_owned(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if _OWNED_FLAG.search(arg):
+                raise ValueError(f"{EXTRA_ARG_NOT_OWNED.message} (got {arg!r})")
+        return args
+
+
+class TuningSpec(SpecModel):
+    """How far the operator may go on its own, and against which policy."""
+
+    mode: Mode = Field(default="Auto", description=f"One of {', '.join(MODES)}.")
+    policy_ref: str = Field(
+        default="default",
+        alias="policyRef",
+        min_length=1,
+        max_length=253,
+        pattern=K8S_NAME_PATTERN,
+        description="Name of a cluster-scoped VLLMTuningPolicy.",
+    )
+    slo: SLOOverrides | None = Field(default=None, description="May only tighten the policy.")
+
+
+class PodSettings(SpecModel):
+    """Pod-level additions; Kubernetes sub-objects stay free-form to keep the CRD small."""
+
+    env: list[FreeObject] = Field(default_factory=list, max_length=256)
+    env_from: list[FreeObject] = Field(default_factory=list, alias="envFrom", max_length=64)
+    volumes: list[FreeObject] = Field(default_factory=list, max_length=64)
+    volume_mounts: list[FreeObject] = Field(
+        default_factory=list, alias="volumeMounts", max_length=64
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=64
+    )
+    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=64
+    )
+    resources: FreeObject = Field(
+        default_factory=dict, description="Extra cpu/memory requests and limits."
+    )
+    service_account_name: str | None = Field(
+        default=None, alias="serviceAccountName", max_length=253, pattern=K8S_NAME_PATTERN
+    )
+    shm_size_gi: float | None = Field(
+        default=None, alias="shmSizeGi", gt=0, le=1024, description="Size of /dev/shm in GiB."
+    )
+
+
+class ServiceSpec(SpecModel):
+    """The Service in front of the vLLM pods."""
+
+    port: int = Field(default=8000, ge=1, le=65535)
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+
+
+class RolloutStrategy(SpecModel):
+    """Rolling-update limits; surge 0 suits full GPU nodes, where an extra pod cannot schedule."""
+
+    model_config = ConfigDict(json_schema_extra=cel(ROLLOUT_NOT_BOTH_ZERO))
+
+    max_surge: IntOrPercent = Field(default=0, alias="maxSurge")
+    max_unavailable: IntOrPercent = Field(default=1, alias="maxUnavailable")
+
+    @field_validator("max_surge", "max_unavailable")
+    @classmethod
+    def _non_negative(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(INT_OR_PERCENT.message)
+        return value
+
+    @model_validator(mode="after")
+    def _not_both_zero(self) -> RolloutStrategy:
+        if _is_zero(self.max_surge) and _is_zero(self.max_unavailable):
+            raise ValueError(ROLLOUT_NOT_BOTH_ZERO.message)
+        return self
+
+
+class VLLMDeploymentSpec(SpecModel):
+    """What the app team asks for."""
+
+    model_config = ConfigDict(json_schema_extra=cel(TP_LE_GPU_COUNT))
+
+    model: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=MODEL_PATTERN,
+        description="HF model id, local path or URL passed to vLLM as --model.",
+    )
+    served_model_name: str | None = Field(
+        default=None, alias="servedModelName", max_length=253, pattern=SERVED_MODEL_NAME_PATTERN
+    )
+    image: str = Field(
+        default=DEFAULT_IMAGE, min_length=1, max_length=512, pattern=NO_WHITESPACE_PATTERN
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", alias="imagePullPolicy"
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, alias="imagePullSecrets", max_length=16
+    )
+    replicas: int = Field(default=1, ge=0, le=64)
+    gpu: GPUSpec = section(GPUSpec)
+    placement: Placement = section(Placement)
+    engine: EngineSpec = section(EngineSpec)
+    knobs: KnobsSpec = section(KnobsSpec, "Pinned knobs; the tuner moves only the unset ones.")
+    tuning: TuningSpec = section(TuningSpec)
+    pod: PodSettings = section(PodSettings)
+    service: ServiceSpec = section(ServiceSpec)
+    rollout: RolloutStrategy = section(RolloutStrategy)
+
+    @model_validator(mode="after")
+    def _tp_le_gpu_count(self) -> VLLMDeploymentSpec:
+        if self.engine.tensor_parallel_size > self.gpu.count:
+            raise ValueError(TP_LE_GPU_COUNT.message)
+        return self

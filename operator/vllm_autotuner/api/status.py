@@ -1,0 +1,156 @@
+"""Status of both kinds. Only the operator writes it; it is where tuning state survives restarts.
+
+Every field is optional so that partial status (a fresh object, an older operator) still parses,
+and so the operator can patch only what changed.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Literal
+
+from pydantic import Field
+
+from vllm_autotuner.api.common import (
+    Condition,
+    Knobs,
+    Mode,
+    StatusModel,
+    Timestamp,
+    conditions_field,
+)
+
+TuningPhase = Literal[
+    "Idle",
+    "Observing",
+    "Candidate",
+    "RollingOut",
+    "Verifying",
+    "Committed",
+    "RolledBack",
+    "Holding",
+]
+TrialOutcome = Literal["Pending", "Committed", "RolledBack", "Crashed", "NotReady", "OOMKilled"]
+
+MAX_TRIALS = 20
+MAX_INFEASIBLE = 50
+
+
+class Prediction(StatusModel):
+    """What the performance model expects from a configuration."""
+
+    capacity_rps: float | None = Field(default=None, alias="capacityRps", ge=0)
+    ttft_ms: float | None = Field(default=None, alias="ttftMs", ge=0)
+    itl_ms: float | None = Field(default=None, alias="itlMs", ge=0)
+
+
+class Recommendation(StatusModel):
+    """The best configuration found, published in every mode except Off."""
+
+    knobs: Knobs | None = None
+    reason: str | None = Field(default=None, max_length=4096)
+    predicted: Prediction | None = None
+    gain_pct: float | None = Field(default=None, alias="gainPct")
+    time: Timestamp | None = None
+
+
+class DecisionRecord(StatusModel):
+    """The last thing the control loop decided, in words a person can read."""
+
+    time: Timestamp | None = None
+    action: str | None = Field(default=None, max_length=64)
+    reason: str | None = Field(default=None, max_length=4096)
+
+
+class Measurement(StatusModel):
+    """What Prometheus showed while a trial ran."""
+
+    request_rate: float | None = Field(default=None, alias="requestRate", ge=0)
+    ttft_ms: float | None = Field(default=None, alias="ttftMs", ge=0)
+    itl_ms: float | None = Field(default=None, alias="itlMs", ge=0)
+    e2e_ms: float | None = Field(default=None, alias="e2eMs", ge=0)
+    slo_attainment: float | None = Field(default=None, alias="sloAttainment", ge=0, le=1)
+    capacity_rps: float | None = Field(default=None, alias="capacityRps", ge=0)
+
+
+class Trial(StatusModel):
+    """One configuration that was rolled out, and how it ended."""
+
+    id: int = Field(ge=0)
+    knobs: Knobs | None = None
+    started_at: Timestamp | None = Field(default=None, alias="startedAt")
+    ended_at: Timestamp | None = Field(default=None, alias="endedAt")
+    outcome: TrialOutcome = "Pending"
+    reason: str | None = Field(default=None, max_length=4096)
+    measured: Measurement | None = None
+
+
+class InfeasibleConfig(StatusModel):
+    """A configuration that crashed, OOM-ed or never got ready; its neighbourhood is avoided."""
+
+    knobs: Knobs
+    reason: str | None = Field(default=None, max_length=4096)
+    time: Timestamp | None = None
+
+
+class TuningStatus(StatusModel):
+    """The tuner's persistent state: enough to resume after an operator restart."""
+
+    phase: TuningPhase | None = None
+    applied: Knobs | None = Field(default=None, description="Knobs in effect now.")
+    last_good: Knobs | None = Field(default=None, alias="lastGood")
+    candidate: Knobs | None = None
+    recommendation: Recommendation | None = None
+    last_decision: DecisionRecord | None = Field(default=None, alias="lastDecision")
+    rollout_started_at: Timestamp | None = Field(default=None, alias="rolloutStartedAt")
+    verify_until: Timestamp | None = Field(default=None, alias="verifyUntil")
+    rollouts_today: int | None = Field(default=None, alias="rolloutsToday", ge=0)
+    rollout_day: date | None = Field(default=None, alias="rolloutDay")
+    stable_gpu_memory_utilization: float | None = Field(
+        default=None, alias="stableGpuMemoryUtilization", gt=0, le=1
+    )
+    trials: list[Trial] = Field(default_factory=list, max_length=MAX_TRIALS)
+    infeasible: list[InfeasibleConfig] = Field(default_factory=list, max_length=MAX_INFEASIBLE)
+
+
+class ObservedMetrics(StatusModel):
+    """The latest snapshot summarised; printer columns read the P95 fields."""
+
+    time: Timestamp | None = None
+    window_seconds: float | None = Field(default=None, alias="windowSeconds", ge=0)
+    request_rate: float | None = Field(default=None, alias="requestRate", ge=0)
+    ttft_p95_ms: float | None = Field(default=None, alias="ttftP95Ms", ge=0)
+    itl_p95_ms: float | None = Field(default=None, alias="itlP95Ms", ge=0)
+    e2e_p95_ms: float | None = Field(default=None, alias="e2eP95Ms", ge=0)
+    ttft_percentile_ms: float | None = Field(
+        default=None, alias="ttftPercentileMs", ge=0, description="TTFT at the SLO's percentile."
+    )
+    itl_percentile_ms: float | None = Field(
+        default=None, alias="itlPercentileMs", ge=0, description="ITL at the SLO's percentile."
+    )
+    kv_cache_usage: float | None = Field(default=None, alias="kvCacheUsage", ge=0, le=1)
+    preemption_rate: float | None = Field(default=None, alias="preemptionRate", ge=0)
+    running: float | None = Field(default=None, ge=0)
+    waiting: float | None = Field(default=None, ge=0)
+    slo_met: bool | None = Field(default=None, alias="sloMet")
+
+
+class VLLMDeploymentStatus(StatusModel):
+    """Written by the operator only (GitOps: the spec stays the user's)."""
+
+    observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
+    conditions: list[Condition] = conditions_field()
+    replicas: int | None = Field(default=None, ge=0)
+    ready_replicas: int | None = Field(default=None, alias="readyReplicas", ge=0)
+    updated_replicas: int | None = Field(default=None, alias="updatedReplicas", ge=0)
+    policy: str | None = Field(default=None, max_length=253, description="Resolved policy name.")
+    mode: Mode | None = Field(default=None, description="Effective mode after the policy's cap.")
+    tuning: TuningStatus | None = None
+    observed: ObservedMetrics | None = None
+
+
+class VLLMTuningPolicyStatus(StatusModel):
+    """A policy reports whether it is usable (condition Valid)."""
+
+    observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
+    conditions: list[Condition] = conditions_field()

@@ -1,0 +1,140 @@
+"""`vllm-autotuner`: run the operator, print the CRDs, run the local demo, recommend flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from vllm_autotuner import __version__
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+
+
+def parse_duration(text: str) -> float:
+    """`30s`, `2m`, `1.5h` or plain seconds; argparse reports anything else clearly."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h)")
+    value, unit = float(match.group(1)), match.group(2) or "s"
+    return value * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[unit]
+
+
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("run", help="run the operator against the cluster (production entry point)")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="watch every namespace (default)"
+    )
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch only this namespace (repeat)"
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("--prometheus-url", help="Prometheus base URL, e.g. http://prometheus:9090")
+    p.add_argument("--prometheus-timeout", type=parse_duration, default=10.0)
+    p.add_argument("--prometheus-bearer-token-file", help="file with a bearer token for Prometheus")
+    p.add_argument("--prometheus-ca-file", help="CA bundle for a TLS Prometheus")
+    p.add_argument("--reconcile-interval", type=parse_duration, default=30.0)
+    p.add_argument("--request-timeout", type=parse_duration, default=30.0)
+    p.add_argument("--liveness-port", type=int, default=8080, help="serves /healthz; 0 disables")
+    p.add_argument("--metrics-port", type=int, default=9090, help="operator metrics; 0 disables")
+    p.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
+    peering = p.add_mutually_exclusive_group()
+    peering.add_argument(
+        "--standalone", action="store_true", default=True, help="no peering (default)"
+    )
+    peering.add_argument("--peering", metavar="NAME", help="kopf peering for a warm standby")
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _add_crds(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("crds", help="print the CustomResourceDefinitions (or write them to --out)")
+    p.add_argument("--out", type=Path, help="directory to write one file per CRD")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-autotuner",
+        description="Deploys vLLM on Kubernetes and tunes its batching and KV-cache knobs "
+        "against SLOs.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    _add_crds(sub)
+    return parser
+
+
+def cmd_crds(args: argparse.Namespace) -> int:
+    from vllm_autotuner.api import crds
+
+    if args.out:
+        written = crds.write_crds(args.out)
+        for path in written:
+            print(path)
+    else:
+        sys.stdout.write(crds.render_crds_yaml())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from vllm_autotuner.adapters.kube import load_credentials
+    from vllm_autotuner.operator import OperatorConfig, run_operator
+
+    log_format = {
+        "plain": kopf.LogFormat.PLAIN,
+        "full": kopf.LogFormat.FULL,
+        "json": kopf.LogFormat.JSON,
+    }[args.log_format]
+    kopf.configure(verbose=args.verbose, log_format=log_format)
+    try:
+        credentials = load_credentials(args.kubeconfig)
+    except Exception as exc:  # the loaders raise several unrelated types
+        print(f"error: cannot load Kubernetes credentials: {exc}", file=sys.stderr)
+        return 2
+    config = OperatorConfig(
+        credentials=credentials,
+        reconcile_interval_s=args.reconcile_interval,
+        request_timeout_s=args.request_timeout,
+        prometheus_url=args.prometheus_url,
+        prometheus_timeout_s=args.prometheus_timeout,
+        prometheus_bearer_token_file=args.prometheus_bearer_token_file,
+        prometheus_ca_file=args.prometheus_ca_file,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+    )
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_operator(
+            config,
+            namespaces=list(args.namespace) or None,
+            liveness_endpoint=liveness,
+            stop_flag=stop,
+        )
+
+    asyncio.run(main())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command != "run":  # kopf configures logging for the operator itself
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+    handlers = {"run": cmd_run, "crds": cmd_crds}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

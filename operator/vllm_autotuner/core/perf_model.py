@@ -1,0 +1,433 @@
+"""Performance models: what would this deployment do with other knobs, under this workload?
+
+A model is calibrated on what one snapshot showed (the observed knobs, load and latencies) and
+then predicts, for any candidate knobs, the SLO percentiles at the observed load and the
+capacity: the highest per-pod request rate that still meets every SLO target with the safety
+margin. Search compares candidates by those predictions, so a model must above all rank knob
+settings correctly; absolute accuracy matters for the predicted numbers people read.
+
+`AnalyticModel` is a closed-form step-time and queueing model (microseconds per prediction), used
+in property tests and as a fallback. `vllm_autotuner.core.engine_model.EngineModel` runs the
+simulator's engine instead (see there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Protocol
+
+from scipy.optimize import brentq  # type: ignore[import-untyped,unused-ignore]
+
+from vllm_autotuner.core.knob_defaults import GIB, gpu_memory_gib
+from vllm_autotuner.core.snapshot import Snapshot
+from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs
+
+DEFAULT_PERCENTILE = 95.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Per-pod traffic to predict for, and the targets a prediction is judged against."""
+
+    request_rate: float
+    prompt_mean: float
+    prompt_p90: float
+    gen_mean: float
+    gen_p90: float
+    prefix_hit_rate: float = 0.0
+    slo: SLO = SLO()
+    safety_margin: float = 0.9
+
+    @classmethod
+    def from_snapshot(cls, s: Snapshot, slo: SLO, safety_margin: float) -> Workload:
+        """Lengths and rate as observed; p90 falls back to 2x the mean (a long-tailed guess)."""
+        pm = s.prompt_len.mean or s.prompt_len.p50 or 512.0
+        gm = s.generation_len.mean or s.generation_len.p50 or 128.0
+        return cls(
+            request_rate=s.per_pod_rate(),
+            prompt_mean=pm,
+            prompt_p90=s.prompt_len.p90 or 2.0 * pm,
+            gen_mean=gm,
+            gen_p90=s.generation_len.p90 or 2.0 * gm,
+            prefix_hit_rate=min(0.99, max(0.0, s.prefix_cache_hit_rate or 0.0)),
+            slo=slo,
+            safety_margin=safety_margin,
+        )
+
+    def at_rate(self, rate: float) -> Workload:
+        return replace(self, request_rate=rate)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted parameters of a model for one deployment (persisted in status.tuning).
+
+    `step_scale` multiplies the prior step time (1.0 = the catalog's GPU at the assumed
+    efficiencies); `per_request_overhead_s` is time a request spends outside engine steps
+    (API server, tokenisation); the KV fields let capacity follow gpu_memory_utilization.
+    """
+
+    step_scale: float = 1.0
+    per_request_overhead_s: float = 0.0
+    kv_bytes_per_token: float | None = None
+    gpu_memory_bytes: float | None = None
+    observed_kv_tokens: float | None = None
+    observed_gmu: float | None = None
+    fitted: bool = False
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for k, v in asdict(self).items():
+            if k == "extra":
+                continue
+            if isinstance(v, bool):
+                out[k] = 1.0 if v else 0.0
+            elif v is not None:
+                out[k] = float(v)
+        out.update({f"x_{k}": float(v) for k, v in self.extra.items()})
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, float]) -> Calibration:
+        def g(key: str) -> float | None:
+            v = d.get(key)
+            return None if v is None else float(v)
+
+        return cls(
+            step_scale=g("step_scale") or 1.0,
+            per_request_overhead_s=g("per_request_overhead_s") or 0.0,
+            kv_bytes_per_token=g("kv_bytes_per_token"),
+            gpu_memory_bytes=g("gpu_memory_bytes"),
+            observed_kv_tokens=g("observed_kv_tokens"),
+            observed_gmu=g("observed_gmu"),
+            fitted=bool(d.get("fitted", 0.0)),
+            extra={k[2:]: float(v) for k, v in d.items() if k.startswith("x_")},
+        )
+
+    def kv_tokens_at(self, gmu: float) -> float | None:
+        """KV capacity at another gpu_memory_utilization, by keeping non-KV memory constant."""
+        if self.observed_kv_tokens is None or self.observed_gmu is None:
+            return None
+        if self.kv_bytes_per_token and self.gpu_memory_bytes:
+            non_kv = (
+                self.observed_gmu * self.gpu_memory_bytes
+                - self.observed_kv_tokens * self.kv_bytes_per_token
+            )
+            return max(0.0, (gmu * self.gpu_memory_bytes - non_kv) / self.kv_bytes_per_token)
+        # Without byte counts assume 30% of the GPU is weights and activations (8B on 80 GB:
+        # 16 GB weights + a few GB of activations and graphs, reference/vllm.md §3).
+        f0 = min(0.3, 0.9 * self.observed_gmu)
+        return max(0.0, self.observed_kv_tokens * (gmu - f0) / (self.observed_gmu - f0))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted behaviour of one knob setting under one workload (per pod).
+
+    Latencies are at each SLO target's percentile (p95 for metrics without a target).
+    `feasible` means the configuration can run and meets the SLO with the safety margin at the
+    workload's rate; `capacity_rps` is the highest rate at which it still would.
+    """
+
+    ttft_ms: float
+    itl_ms: float
+    e2e_ms: float
+    kv_capacity_tokens: float | None
+    preemption_rate: float
+    feasible: bool
+    capacity_rps: float
+    meets_slo: bool
+    reason: str = ""
+
+
+class PerformanceModel(Protocol):
+    """What decide() and search need from a performance model."""
+
+    def calibrate(
+        self,
+        snapshot: Snapshot,
+        knobs: Knobs,
+        ctx: DeploymentContext,
+        workload: Workload,
+        prior: Calibration | None,
+    ) -> Calibration: ...
+
+    def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction: ...
+
+
+# --------------------------------------------------------------------------- analytic model
+
+# Achieved memory bandwidth (B/s) and dense BF16 compute (FLOP/s) per GPU, from
+# reference/simulator-calibration.md §1.1 (vendor data sheets, dense figures).
+_GPU_SPECS: dict[str, tuple[float, float]] = {
+    "H100": (3.35e12, 989e12),
+    "H200": (4.8e12, 989e12),
+    "A100": (2.039e12, 312e12),
+    "L40S": (0.864e12, 362e12),
+    "B200": (8.0e12, 2250e12),
+}
+# Llama-3.1-8B shaped priors (simulator-calibration.md §1.2): 15.01 GB read per decode step,
+# 128 KiB of KV per token, ~15 GFLOP per prefill token; efficiencies 0.85 (bandwidth) and 0.5
+# (compute); ~2.5 ms of host work per step. The calibrated step_scale absorbs the rest.
+_WEIGHT_BYTES = 15.01e9
+_KV_BYTES = 131072.0
+_FLOP_PER_TOKEN = 15e9
+_ETA_BW = 0.85
+_ETA_MFU = 0.5
+_STEP_FIXED_S = 2.5e-3
+
+
+def _specs(product: str | None) -> tuple[float, float]:
+    p = (product or "H100").upper()
+    for key in ("H200", "H100", "A100", "L40S", "B200"):
+        if key in p:
+            return _GPU_SPECS[key]
+    return _GPU_SPECS["H100"]
+
+
+def _percentile(slo: SLO, metric: str) -> float:
+    t = getattr(slo, metric)
+    return DEFAULT_PERCENTILE if t is None else float(t.percentile)
+
+
+@dataclass(frozen=True)
+class _Steady:
+    step_s: float  # mean step time
+    decode_step_s: float
+    prefill_step_s: float
+    running: float
+    util: float  # utilisation of the tightest resource
+    wait_mean_s: float
+    stable: bool
+    preemption_rate: float
+    chunk: float
+    prefill_steps_frac: float
+
+
+class AnalyticModel:
+    """A steady-state model of vLLM's V1 scheduler (vllm.md §4) at a Poisson arrival rate.
+
+    Per step: `t = scale * (fixed + max(weights + kv_read * context, compute * tokens))`.
+    With Little's law (running = rate * decode steps * t) and the token flow
+    (tokens per step = rate * (uncached prompt + output) * t) this has a closed-form fixed
+    point; the token budget, max_num_seqs and the KV cache are the three servers a request may
+    queue for. Tails come from the mix of decode-only and prefill-carrying steps (ITL) and an
+    exponential waiting-time tail (TTFT).
+    """
+
+    def __init__(self, gpu_product: str | None = None) -> None:
+        self.gpu_product = gpu_product
+
+    # -- calibration -------------------------------------------------------------------------
+
+    def calibrate(
+        self,
+        snapshot: Snapshot,
+        knobs: Knobs,
+        ctx: DeploymentContext,
+        workload: Workload,
+        prior: Calibration | None,
+    ) -> Calibration:
+        """Fit step_scale to the observed mean ITL and overhead to the observed median TTFT."""
+        self.gpu_product = ctx.gpu_product
+        base = _kv_calibration(snapshot, knobs, ctx, prior)
+        itl = snapshot.itl.mean_ms or snapshot.itl.p50_ms
+        if itl is None or workload.request_rate <= 0:
+            return base
+        target_s = itl / 1000.0
+
+        def err(log_scale: float) -> float:
+            cal = replace(base, step_scale=math.exp(log_scale))
+            st = self._steady(knobs, workload, cal)
+            return (st.step_s if st.stable else 1e3) - target_s
+
+        lo, hi = math.log(0.02), math.log(50.0)
+        if err(lo) > 0:
+            scale = math.exp(lo)
+        elif err(hi) < 0:
+            scale = math.exp(hi)
+        else:
+            scale = math.exp(float(brentq(err, lo, hi, xtol=1e-4)))
+        cal = replace(base, step_scale=scale, fitted=True)
+        ttft = snapshot.ttft.p50_ms
+        if ttft is not None:
+            no_overhead = replace(cal, per_request_overhead_s=0.0)
+            pred = self._latencies(knobs, workload, no_overhead, percentile_override=50.0)
+            cal = replace(cal, per_request_overhead_s=max(0.0, ttft / 1000.0 - pred[0]))
+        return cal
+
+    # -- prediction --------------------------------------------------------------------------
+
+    def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction:
+        kv = calibration.kv_tokens_at(knobs.gpu_memory_utilization)
+        if kv is not None and kv < workload.prompt_p90 + workload.gen_p90:
+            return Prediction(
+                math.inf, math.inf, math.inf, kv, 0.0, False, 0.0, False,
+                f"KV cache of {kv:.0f} tokens cannot hold one long request",
+            )  # fmt: skip
+        ttft, itl, e2e, st = self._latencies(knobs, workload, calibration)
+        meets = self._meets(workload, ttft, itl, e2e) and st.stable
+        capacity = self._capacity(knobs, workload, calibration)
+        reason = "" if meets else ("overloaded" if not st.stable else "SLO missed")
+        return Prediction(
+            ttft_ms=ttft * 1000.0,
+            itl_ms=itl * 1000.0,
+            e2e_ms=e2e * 1000.0,
+            kv_capacity_tokens=kv,
+            preemption_rate=st.preemption_rate,
+            feasible=meets,
+            capacity_rps=capacity,
+            meets_slo=meets,
+            reason=reason,
+        )
+
+    def _meets(self, w: Workload, ttft: float, itl: float, e2e: float) -> bool:
+        for metric, value in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
+            t = getattr(w.slo, metric)
+            if t is not None and value * 1000.0 > w.safety_margin * t.threshold_ms:
+                return False
+        return True
+
+    def _capacity(self, knobs: Knobs, w: Workload, cal: Calibration) -> float:
+        def ok(rate: float) -> bool:
+            ww = w.at_rate(rate)
+            ttft, itl, e2e, st = self._latencies(knobs, ww, cal)
+            return st.stable and self._meets(ww, ttft, itl, e2e)
+
+        lo, hi = 0.0, max(0.5, w.request_rate)
+        for _ in range(40):
+            if not ok(hi):
+                break
+            lo, hi = hi, hi * 2.0
+        else:
+            return hi
+        for _ in range(30):
+            mid = 0.5 * (lo + hi)
+            if ok(mid):
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo < 1e-3 * max(hi, 1e-6):
+                break
+        return lo
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _coeffs(self, cal: Calibration) -> tuple[float, float, float, float]:
+        bw, peak = _specs(self.gpu_product)
+        kvb = cal.kv_bytes_per_token or _KV_BYTES
+        s = cal.step_scale
+        return (
+            s * _STEP_FIXED_S,
+            s * _WEIGHT_BYTES / (bw * _ETA_BW),
+            s * kvb / (bw * _ETA_BW),
+            s * _FLOP_PER_TOKEN / (peak * _ETA_MFU),
+        )
+
+    def _steady(self, knobs: Knobs, w: Workload, cal: Calibration) -> _Steady:
+        fixed, weights, kv_read, compute = self._coeffs(cal)
+        lam = max(0.0, w.request_rate)
+        p_eff = max(1.0, w.prompt_mean * (1.0 - w.prefix_hit_rate))
+        g = max(1.0, w.gen_mean)
+        ctx = w.prompt_mean + 0.5 * g
+        budget = float(knobs.max_num_batched_tokens)
+        seqs = float(knobs.max_num_seqs)
+        # Bandwidth regime: t = fixed + weights + kv_read*ctx*lam*g*t.
+        b1 = kv_read * ctx * lam * g
+        # Compute regime: t = fixed + compute*lam*(p_eff+g)*t.
+        b2 = compute * lam * (p_eff + g)
+        if b1 >= 1.0 or b2 >= 1.0:
+            return _Steady(math.inf, math.inf, math.inf, math.inf, math.inf, math.inf, False,
+                           0.0, 0.0, 1.0)  # fmt: skip
+        t = max((fixed + weights) / (1.0 - b1), fixed / (1.0 - b2))
+        running = lam * g * t
+        tokens_per_step = lam * (p_eff + g) * t
+        kv_cap = cal.kv_tokens_at(knobs.gpu_memory_utilization)
+        kv_need = running * (w.prompt_mean + g)  # full-sequence reservation at admission
+        util_tok = tokens_per_step / budget
+        util_seq = running / seqs
+        util_kv = 0.0 if kv_cap is None or kv_cap <= 0 else kv_need / kv_cap
+        util = max(util_tok, util_seq, util_kv)
+        stable = util < 1.0
+        # Waiting time: the tightest resource as an M/M/c queue (Sakasegawa's approximation).
+        if util_tok >= max(util_seq, util_kv):
+            servers, service = 1.0, t * (p_eff + g) / budget
+        elif util_seq >= util_kv:
+            servers, service = seqs, g * t
+        else:
+            servers = max(1.0, (kv_cap or 1.0) / (w.prompt_mean + g))
+            service = g * t
+        if stable and util > 0:
+            wait = util ** (math.sqrt(2.0 * (servers + 1.0)) - 1.0) / (servers * (1.0 - util))
+            wait *= service
+        else:
+            wait = 0.0 if stable else math.inf
+        preempt = 0.0
+        if kv_cap is not None and kv_cap > 0:
+            peak = running * (w.prompt_mean + g) * 1.3
+            if peak > kv_cap:
+                preempt = lam * min(1.0, (peak - kv_cap) / peak)
+        chunk_room = max(1.0, budget - running)
+        chunk = min(chunk_room, max(1.0, w.prompt_p90 * (1.0 - w.prefix_hit_rate)))
+        steps_per_prefill = math.ceil(p_eff / chunk_room)
+        frac = min(1.0, lam * t * steps_per_prefill)
+        decode_step = fixed + max(weights + kv_read * running * ctx, compute * running)
+        prefill_step = fixed + max(weights + kv_read * running * ctx, compute * (running + chunk))
+        return _Steady(t, decode_step, prefill_step, running, util, wait, stable, preempt,
+                       chunk, frac)  # fmt: skip
+
+    def _latencies(
+        self,
+        knobs: Knobs,
+        w: Workload,
+        cal: Calibration,
+        percentile_override: float | None = None,
+    ) -> tuple[float, float, float, _Steady]:
+        """(ttft, itl, e2e) in seconds at each metric's SLO percentile, and the steady state."""
+        st = self._steady(knobs, w, cal)
+        if not st.stable:
+            return math.inf, math.inf, math.inf, st
+        q_itl = (percentile_override or _percentile(w.slo, "itl")) / 100.0
+        tail = 1.0 - q_itl
+        if st.prefill_steps_frac >= tail:
+            itl = st.prefill_step_s
+        else:
+            itl = st.decode_step_s + (st.prefill_step_s - st.decode_step_s) * (
+                st.prefill_steps_frac / max(tail, 1e-9)
+            )
+        itl = max(itl, st.step_s) if q_itl >= 0.5 else itl
+        q_ttft = (percentile_override or _percentile(w.slo, "ttft")) / 100.0
+        prompt_q = w.prompt_p90 if q_ttft >= 0.9 else w.prompt_mean
+        p_eff_q = max(1.0, prompt_q * (1.0 - w.prefix_hit_rate))
+        chunk_room = max(1.0, knobs.max_num_batched_tokens - st.running)
+        prefill = math.ceil(p_eff_q / chunk_room) * st.prefill_step_s + st.step_s
+        wait_q = st.wait_mean_s * math.log(1.0 / max(1e-9, 1.0 - q_ttft)) if q_ttft > 0.5 else 0.0
+        ttft = cal.per_request_overhead_s + wait_q + prefill
+        q_e2e = (percentile_override or _percentile(w.slo, "e2e")) / 100.0
+        gen_q = w.gen_p90 if q_e2e >= 0.9 else w.gen_mean
+        e2e = ttft + max(0.0, gen_q - 1.0) * st.step_s
+        return ttft, itl, e2e, st
+
+
+def _kv_calibration(
+    snapshot: Snapshot, knobs: Knobs, ctx: DeploymentContext, prior: Calibration | None
+) -> Calibration:
+    """KV facts from vllm:cache_config_info, falling back to what was learned before."""
+    base = prior or Calibration()
+    info = snapshot.kv_cache
+    kv_tokens = info.capacity_tokens()
+    gmu = info.gpu_memory_utilization or knobs.gpu_memory_utilization
+    mem_gib = ctx.gpu_memory_gib or gpu_memory_gib(ctx.gpu_product)
+    bpt = base.kv_bytes_per_token
+    if info.kv_cache_memory_bytes and kv_tokens:
+        bpt = info.kv_cache_memory_bytes / kv_tokens
+    return replace(
+        base,
+        kv_bytes_per_token=bpt,
+        gpu_memory_bytes=mem_gib * GIB if mem_gib else base.gpu_memory_bytes,
+        observed_kv_tokens=float(kv_tokens) if kv_tokens else base.observed_kv_tokens,
+        observed_gmu=gmu if kv_tokens else base.observed_gmu,
+    )

@@ -1,0 +1,207 @@
+"""The rules that make a rollout safe: when one may start, how it is watched, how it is judged.
+
+Phases of one trial: Observing → Candidate → RollingOut (new pods coming up) → Verifying
+(pods ready; metrics collected for verifyWindow) → Committed or RolledBack. These helpers are
+pure functions of the state, the pods and the clock; decide() strings them together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+
+from vllm_autotuner.core.snapshot import Snapshot, target_value
+from vllm_autotuner.core.tuning_types import (
+    SLO,
+    InfeasibleKind,
+    Knobs,
+    Measured,
+    PodHealth,
+    RolloutRules,
+    TrialOutcome,
+    TuningState,
+)
+
+CRASH_WAITING_REASONS = frozenset({"CrashLoopBackOff", "RunContainerError", "CreateContainerError"})
+OOM_REASONS = frozenset({"OOMKilled"})
+# A candidate may be this much worse than the baseline (relative to the SLO threshold) before
+# a violation is blamed on it: percentiles from histograms are noisy.
+REGRESSION_TOLERANCE = 0.05
+# The load may rise this much over the baseline's before a violation is first checked against
+# what the previous configuration would have done at the new load.
+LOAD_TOLERANCE = 1.2
+
+
+def utc_day(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def roll_day(state: TuningState, now: datetime) -> TuningState:
+    """Reset the daily budget when the UTC day changed."""
+    today = utc_day(now)
+    if state.rollout_day != today:
+        return replace(state, rollout_day=today, rollouts_today=0)
+    return state
+
+
+def rollout_blocker(state: TuningState, rules: RolloutRules, now: datetime) -> str | None:
+    """Why a rollout may not start now (None when it may). `state` must be day-rolled."""
+    if state.last_rollout_at is not None:
+        ready_at = state.last_rollout_at + timedelta(seconds=rules.min_interval_s)
+        if now < ready_at:
+            left = (ready_at - now).total_seconds()
+            return (
+                f"cooldown: last rollout {(now - state.last_rollout_at).total_seconds() / 60:.0f}"
+                f" min ago, minInterval {rules.min_interval_s / 60:.0f} min "
+                f"({left / 60:.0f} min left)"
+            )
+    if state.rollouts_today >= rules.max_per_day:
+        return f"daily budget spent: {state.rollouts_today} of {rules.max_per_day} rollouts today"
+    if rules.maintenance_windows and not any(w.contains(now) for w in rules.maintenance_windows):
+        return (
+            f"outside the {len(rules.maintenance_windows)} maintenance window(s) "
+            f"at {now.strftime('%a %H:%M')} UTC"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class PodFailure:
+    outcome: TrialOutcome
+    kind: InfeasibleKind
+    reason: str
+
+
+def pod_failure(pods: Sequence[PodHealth], knobs: Knobs) -> PodFailure | None:
+    """A crash or OOM of a pod running `knobs` (or of unknown knobs: assume the new ones)."""
+    for p in pods:
+        if p.revision_knobs is not None and not p.revision_knobs.same_as(knobs):
+            continue
+        who = p.name or "a pod"
+        if p.last_termination_reason in OOM_REASONS or p.waiting_reason in OOM_REASONS:
+            return PodFailure(
+                "OOMKilled",
+                "OOMKilled",
+                f"{who} was OOMKilled ({p.restarts} restarts) with {knobs.describe()}",
+            )
+        if p.waiting_reason in CRASH_WAITING_REASONS:
+            last = f", last exit {p.last_termination_reason}" if p.last_termination_reason else ""
+            return PodFailure(
+                "Crashed",
+                "Crashed",
+                f"{who} is in {p.waiting_reason} ({p.restarts} restarts{last}) "
+                f"with {knobs.describe()}",
+            )
+    return None
+
+
+def rollout_progress(pods: Sequence[PodHealth], knobs: Knobs, replicas: int) -> tuple[int, bool]:
+    """(ready pods on the new knobs, whether the rollout is complete)."""
+    ready_new = sum(
+        1
+        for p in pods
+        if p.ready and (p.revision_knobs is None or p.revision_knobs.same_as(knobs))
+    )
+    old = sum(1 for p in pods if p.revision_knobs is not None and not p.revision_knobs.same_as(knobs))
+    return ready_new, ready_new >= max(1, replicas) and old == 0
+
+
+def slo_attainment(snapshot: Snapshot, slo: SLO) -> float | None:
+    """The worst attainment fraction among the SLO's targets (None when none measured)."""
+    values = [snapshot.attainment(m) for m, _ in slo.targets()]
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def worst_ratio(snapshot: Snapshot, slo: SLO) -> float | None:
+    """Largest measured/threshold over the SLO targets (> 1 means the SLO is missed)."""
+    ratios = []
+    for m, t in slo.targets():
+        v = target_value(snapshot, m, t)
+        if v is not None:
+            ratios.append(v / t.threshold_ms)
+    return max(ratios) if ratios else None
+
+
+def measure(snapshot: Snapshot, slo: SLO, capacity_rps: float | None) -> Measured:
+    def at(metric: str) -> float | None:
+        t = getattr(slo, metric)
+        s = snapshot.latency(metric)
+        return s.at(t.percentile) if t is not None else s.p95_ms
+
+    return Measured(
+        request_rate=snapshot.per_pod_rate(),
+        ttft_ms=at("ttft"),
+        itl_ms=at("itl"),
+        e2e_ms=at("e2e"),
+        slo_attainment=slo_attainment(snapshot, slo),
+        capacity_rps=capacity_rps,
+    )
+
+
+def _measured_ratio(m: Measured, slo: SLO) -> float | None:
+    ratios = []
+    for metric, t in slo.targets():
+        v = getattr(m, f"{metric}_ms")
+        if v is not None:
+            ratios.append(v / t.threshold_ms)
+    return max(ratios) if ratios else None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    keep: bool
+    reason: str
+
+
+def judge(
+    snapshot: Snapshot,
+    slo: SLO,
+    baseline: Measured | None,
+    previous_meets_at_this_load: bool | None,
+) -> Verdict:
+    """Keep the candidate unless it missed the SLO where the previous config would not have.
+
+    Load-aware: a violation at a much higher load than the baseline saw is checked against the
+    model's prediction for the previous knobs at the current load (`previous_meets_at_this_load`).
+    """
+    ratio = worst_ratio(snapshot, slo)
+    rate = snapshot.per_pod_rate()
+    if ratio is None:
+        return Verdict(True, f"no SLO percentile measurable at {rate:.2f} req/s/pod; no regression seen")
+    if ratio <= 1.0:
+        return Verdict(True, f"SLO met at {rate:.2f} req/s/pod (worst target at {ratio:.0%} of its threshold)")
+    base_ratio = None if baseline is None else _measured_ratio(baseline, slo)
+    if baseline is not None and base_ratio is not None and base_ratio > 1.0:
+        if ratio <= base_ratio * (1.0 + REGRESSION_TOLERANCE) or rate > baseline.request_rate * LOAD_TOLERANCE:
+            return Verdict(
+                True,
+                f"SLO still missed ({ratio:.0%} of threshold) but no worse than the previous "
+                f"configuration ({base_ratio:.0%} at {baseline.request_rate:.2f} req/s/pod)",
+            )
+        return Verdict(
+            False,
+            f"SLO missed at {ratio:.0%} of threshold, worse than the previous configuration's "
+            f"{base_ratio:.0%}",
+        )
+    if (
+        baseline is not None
+        and rate > baseline.request_rate * LOAD_TOLERANCE
+        and previous_meets_at_this_load is False
+    ):
+        return Verdict(
+            True,
+            f"SLO missed ({ratio:.0%} of threshold) at {rate:.2f} req/s/pod, "
+            f"{rate / max(baseline.request_rate, 1e-9):.1f}x the baseline load; the previous "
+            "configuration is predicted to miss it too",
+        )
+    prev = "" if baseline is None else f" (previous configuration: {_fmt_ratio(base_ratio)} at {baseline.request_rate:.2f} req/s/pod)"
+    return Verdict(
+        False,
+        f"SLO regression: worst target at {ratio:.0%} of its threshold at {rate:.2f} req/s/pod{prev}",
+    )
+
+
+def _fmt_ratio(r: float | None) -> str:
+    return "unknown" if r is None else f"{r:.0%} of threshold"

@@ -1,0 +1,267 @@
+"""Find the next knob setting worth a rollout.
+
+The space is small on purpose: one rollout may move each knob at most its `max_step` from what
+runs now, so the search is a brute-force pass (scipy.optimize.brute, deterministic) over a
+lattice of a few steps per knob around the applied knobs. Safety rules are hard constraints,
+never traded for predicted gain:
+
+- inside the policy's bounds and within max_step of the applied knobs;
+- gpu_memory_utilization at most `gmu_rise_step` above the last value proven stable;
+- max_num_batched_tokens >= max_num_seqs (vLLM refuses to start otherwise, vllm.md §2.2);
+- not a known-infeasible configuration nor in its forbidden neighbourhood (same or higher
+  gpu_memory_utilization with a same-or-larger token budget than one that crashed, OOM-ed or
+  never became ready: both raise the memory a pod needs);
+- each knob moves only in the direction the diagnosis allows.
+
+Among what is left, the candidate must be predicted to meet every SLO target with the safety
+margin at the current load; the best has the most predicted capacity. It is worth a rollout
+when it fixes a measured SLO violation or gains at least `min_gain_pct` of capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import brute  # type: ignore[import-untyped,unused-ignore]
+
+from vllm_autotuner.core.diagnosis import Diagnosis
+from vllm_autotuner.core.perf_model import Calibration, PerformanceModel, Prediction, Workload
+from vllm_autotuner.core.tuning_types import GMU_EPSILON, Bounds, InfeasibleConfig, Knobs
+
+FRACTIONS_FINE = (0.0, 0.25, 0.5, 1.0)
+FRACTIONS_COARSE = (0.0, 0.5, 1.0)
+FRACTIONS_MINIMAL = (0.0, 1.0)
+# Rounding grains: token budgets in multiples of 64 (a comfortable multiple of block_size 16
+# and of the CUDA-graph capture sizes' step 8/16), sequences in multiples of 8, memory in 1%.
+MNBT_GRAIN = 64
+MNS_GRAIN = 8
+GMU_GRAIN = 0.01
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Knobs | None
+    prediction: Prediction | None
+    current: Prediction
+    gain_pct: float
+    worth_rollout: bool
+    reason: str
+    evaluated: int
+
+
+def is_forbidden(knobs: Knobs, infeasible: Iterable[InfeasibleConfig]) -> str | None:
+    """Why `knobs` must not be proposed (None when allowed)."""
+    for e in infeasible:
+        if knobs.same_as(e.knobs):
+            return f"{knobs.describe()} failed before ({e.kind}: {e.reason})"
+        if (
+            e.kind != "Regression"
+            and knobs.gpu_memory_utilization >= e.knobs.gpu_memory_utilization - GMU_EPSILON
+            and knobs.max_num_batched_tokens >= e.knobs.max_num_batched_tokens
+        ):
+            return (
+                f"at or above {e.knobs.describe()}, which failed ({e.kind}) — "
+                "same-or-higher memory use is forbidden"
+            )
+    return None
+
+
+def gmu_ceiling(applied: Knobs, stable_gmu: float, rise_step: float) -> float:
+    """The highest gpu_memory_utilization a rollout may set (never forces a decrease)."""
+    return max(applied.gpu_memory_utilization, stable_gmu + rise_step)
+
+
+def _round_to(value: float, grain: float) -> float:
+    return round(value / grain) * grain
+
+
+def _axis(
+    current: float,
+    lo: float,
+    hi: float,
+    step: float,
+    grain: float,
+    fractions: Sequence[float],
+    direction: int,
+) -> list[float]:
+    values = {current}
+    for f in fractions:
+        for sign in (-1, 1):
+            if direction and sign != direction:
+                continue
+            v = _round_to(current + sign * f * step, grain)
+            # Rounding may overshoot the step; walk back one grain towards current.
+            if abs(v - current) > step + 1e-9:
+                v -= sign * grain
+            if lo - 1e-9 <= v <= hi + 1e-9 and abs(v - current) <= step + 1e-9:
+                values.add(v)
+    return sorted(values)
+
+
+def candidate_axes(
+    applied: Knobs,
+    bounds: Bounds,
+    diagnosis: Diagnosis | None,
+    gmu_max: float,
+    fractions: Sequence[float] = FRACTIONS_FINE,
+) -> tuple[list[int], list[int], list[float]]:
+    d = diagnosis.directions if diagnosis is not None else None
+    mnbt = _axis(
+        applied.max_num_batched_tokens,
+        bounds.mnbt.min,
+        bounds.mnbt.max,
+        bounds.mnbt.max_step,
+        MNBT_GRAIN,
+        fractions,
+        d.mnbt if d else 0,
+    )
+    mns = _axis(
+        applied.max_num_seqs,
+        bounds.mns.min,
+        bounds.mns.max,
+        bounds.mns.max_step,
+        MNS_GRAIN if applied.max_num_seqs >= 2 * MNS_GRAIN else 1,
+        fractions,
+        d.mns if d else 0,
+    )
+    gmu = _axis(
+        applied.gpu_memory_utilization,
+        bounds.gmu.min,
+        min(bounds.gmu.max, gmu_max),
+        bounds.gmu.max_step,
+        GMU_GRAIN,
+        fractions,
+        d.gmu if d else 0,
+    )
+    return (
+        sorted({int(round(v)) for v in mnbt}),
+        sorted({int(round(v)) for v in mns}),
+        sorted({round(v, 4) for v in gmu}),
+    )
+
+
+def allowed(
+    k: Knobs,
+    applied: Knobs,
+    bounds: Bounds,
+    gmu_max: float,
+    infeasible: Sequence[InfeasibleConfig],
+) -> str | None:
+    """Why `k` violates a hard constraint (None when it is a legal proposal)."""
+    if not bounds.contains(k):
+        return "outside bounds"
+    if not bounds.within_step(applied, k):
+        return "more than maxStep from applied"
+    if (
+        k.gpu_memory_utilization > gmu_max + GMU_EPSILON
+        and k.gpu_memory_utilization > applied.gpu_memory_utilization + GMU_EPSILON
+    ):
+        return "gpu_memory_utilization above the proven-stable value plus its step"
+    if k.max_num_batched_tokens < k.max_num_seqs:
+        return "maxNumBatchedTokens below maxNumSeqs"
+    return is_forbidden(k, infeasible)
+
+
+def search(
+    *,
+    applied: Knobs,
+    bounds: Bounds,
+    model: PerformanceModel,
+    workload: Workload,
+    calibration: Calibration,
+    diagnosis: Diagnosis | None,
+    infeasible: Sequence[InfeasibleConfig],
+    stable_gmu: float,
+    gmu_rise_step: float,
+    min_gain_pct: float,
+    slo_violated: bool,
+    max_evaluations: int = 400,
+) -> SearchResult:
+    gmu_max = gmu_ceiling(applied, stable_gmu, gmu_rise_step)
+    axes = candidate_axes(applied, bounds, diagnosis, gmu_max)
+    for fractions in (FRACTIONS_COARSE, FRACTIONS_MINIMAL):
+        if len(axes[0]) * len(axes[1]) * len(axes[2]) <= max_evaluations:
+            break
+        axes = candidate_axes(applied, bounds, diagnosis, gmu_max, fractions)
+    current = model.predict(applied, workload, calibration)
+    cache: dict[tuple[int, int, float], tuple[float, Prediction | None]] = {}
+
+    def score(idx: np.ndarray) -> float:
+        i, j, m = (int(round(float(x))) for x in idx)
+        k = Knobs(axes[0][i], axes[1][j], axes[2][m])
+        key = (k.max_num_batched_tokens, k.max_num_seqs, k.gpu_memory_utilization)
+        if key not in cache:
+            if allowed(k, applied, bounds, gmu_max, infeasible) is not None:
+                cache[key] = (math.inf, None)
+            else:
+                p = model.predict(k, workload, calibration)
+                if not p.feasible:
+                    cache[key] = (math.inf, p)
+                else:
+                    # Most capacity first; among near-equals, the smallest move (fewer surprises).
+                    move = (
+                        abs(k.max_num_batched_tokens - applied.max_num_batched_tokens)
+                        / max(1.0, bounds.mnbt.max_step)
+                        + abs(k.max_num_seqs - applied.max_num_seqs)
+                        / max(1.0, bounds.mns.max_step)
+                        + abs(k.gpu_memory_utilization - applied.gpu_memory_utilization)
+                        / max(1e-3, bounds.gmu.max_step)
+                    )
+                    cache[key] = (-p.capacity_rps * (1.0 - 1e-3 * move), p)
+        return cache[key][0]
+
+    ranges = tuple(slice(0, len(a), 1) for a in axes)
+    if all(len(a) == 1 for a in axes):
+        score(np.zeros(3))
+        best_idx = np.zeros(3)
+    else:
+        best_idx = np.atleast_1d(brute(score, ranges, finish=None))
+    i, j, m = (int(round(float(x))) for x in best_idx)
+    best = Knobs(axes[0][i], axes[1][j], axes[2][m])
+    key = (best.max_num_batched_tokens, best.max_num_seqs, best.gpu_memory_utilization)
+    best_score, best_pred = cache[key]
+    evaluated = sum(1 for _, p in cache.values() if p is not None)
+    if not math.isfinite(best_score) or best_pred is None:
+        return SearchResult(
+            None, None, current, 0.0, False,
+            f"no candidate within bounds and steps is predicted to meet the SLO with "
+            f"{(1 - workload.safety_margin):.0%} margin ({evaluated} evaluated)",
+            evaluated,
+        )  # fmt: skip
+    base = current.capacity_rps
+    gain = (
+        (best_pred.capacity_rps - base) / base * 100.0
+        if base > 0
+        else (math.inf if best_pred.capacity_rps > 0 else 0.0)
+    )
+    numbers = (
+        f"predicted capacity {best_pred.capacity_rps:.2f} req/s/pod vs {base:.2f} now "
+        f"({_pct(gain)}), TTFT {best_pred.ttft_ms:.0f} ms, ITL {best_pred.itl_ms:.1f} ms"
+    )
+    if best.same_as(applied):
+        return SearchResult(
+            None, best_pred, current, 0.0, False,
+            f"current knobs are the best of {evaluated} evaluated ({numbers})", evaluated,
+        )  # fmt: skip
+    if slo_violated:
+        return SearchResult(
+            best, best_pred, current, gain, True,
+            f"{best.describe()} is predicted to fix the SLO violation: {numbers}", evaluated,
+        )  # fmt: skip
+    if gain >= min_gain_pct:
+        return SearchResult(
+            best, best_pred, current, gain, True, f"{best.describe()}: {numbers}", evaluated
+        )
+    return SearchResult(
+        best, best_pred, current, gain, False,
+        f"best candidate {best.describe()} gains {_pct(gain)}, below the {min_gain_pct:g}% "
+        f"worth a rollout ({numbers})",
+        evaluated,
+    )  # fmt: skip
+
+
+def _pct(gain: float) -> str:
+    return "+inf%" if math.isinf(gain) else f"{gain:+.1f}%"

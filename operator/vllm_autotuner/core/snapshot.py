@@ -1,0 +1,201 @@
+"""What Prometheus showed about one deployment over one evaluation window.
+
+The Prometheus adapter fills a `Snapshot`; the tuner only ever reads it. Conventions, so that
+the adapter and the tuner agree without talking:
+
+- Latencies are in **milliseconds**, token lengths in tokens, rates per **second**.
+- Request and preemption rates are **totals over all ready pods** of the revision; gauges
+  (running, waiting, KV usage) are **per pod** (mean = time-and-pod average, max = the largest
+  value any pod showed). The tuner divides totals by `num_pods` to reason per pod.
+- Every metric the adapter could not read is `None` (not 0): a missing metric is not a zero.
+- `available=False` means "do not use this snapshot"; `reason` says why for a person
+  ("Prometheus unreachable", "window mixes revisions r3 and r4", ...).
+- `knobs` are the knobs the pods in the window ran with (from the revision's rendered args);
+  the tuner refuses to judge a snapshot whose knobs differ from what it applied.
+
+`histogram_quantile` and `fraction_below` are the pure maths behind percentiles and SLO
+attainment from cumulative buckets, shared by the adapter and the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from vllm_autotuner.core.tuning_types import Knobs, PodHealth, SLOTarget
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """Percentiles of one latency histogram, in ms (`None` when not computable).
+
+    `at_slo_ms` is the value at the percentile the SLO names (e.g. p99.9 when the SLO says so),
+    so that the tuner does not depend on the four fixed percentiles.
+    """
+
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    at_slo_ms: float | None = None
+    mean_ms: float | None = None
+
+    def at(self, percentile: float) -> float | None:
+        """The value at `percentile` (percent), preferring the SLO's own when it matches none."""
+        fixed = {50.0: self.p50_ms, 90.0: self.p90_ms, 95.0: self.p95_ms, 99.0: self.p99_ms}
+        v = fixed.get(float(percentile))
+        return v if v is not None else self.at_slo_ms
+
+
+@dataclass(frozen=True)
+class LengthSummary:
+    """Token-length distribution from vLLM's request_*_tokens histograms."""
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+
+
+@dataclass(frozen=True)
+class KVCacheInfo:
+    """Labels of vllm:cache_config_info (per engine; the adapter takes any one pod's)."""
+
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None  # the label exists only in recent vLLM versions
+
+    def capacity_tokens(self) -> int | None:
+        if self.kv_cache_size_tokens is not None:
+            return self.kv_cache_size_tokens
+        if self.num_gpu_blocks is not None and self.block_size is not None:
+            return max(0, self.num_gpu_blocks - 1) * self.block_size
+        return None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One window of metrics for the current revision (see the module docstring).
+
+    Fields by group:
+    - identity: `time` (end of the window), `window_s`, `available`/`reason`, `revision`,
+      `knobs`, `num_pods` (ready pods of the revision that were scraped).
+    - traffic: `request_rate` (finished requests/s, all pods), `completed_requests` (finished
+      requests in the window, all pods), `preemption_rate` (preemptions/s, all pods).
+    - latency (ms): `ttft`, `itl`, `e2e`, `queue_time` summaries; `ttft_attainment`,
+      `itl_attainment`, `e2e_attainment` are the fractions of observations at or under the
+      SLO threshold, from histogram buckets (`fraction_below`).
+    - engine state (per pod): `kv_usage_mean`/`kv_usage_max` (0..1, vllm:kv_cache_usage_perc),
+      `running_mean`/`running_max`, `waiting_mean`/`waiting_max`.
+    - workload: `prompt_len`, `generation_len`, `prefix_cache_hit_rate` (0..1, hits/queries),
+      `iteration_tokens_mean` (tokens per engine step).
+    - capacity: `kv_cache` (vllm:cache_config_info labels).
+    """
+
+    time: datetime
+    window_s: float
+    available: bool = True
+    reason: str = ""
+    revision: str | None = None
+    knobs: Knobs | None = None
+    num_pods: int = 1
+    request_rate: float = 0.0
+    completed_requests: int = 0
+    ttft: LatencySummary = field(default_factory=LatencySummary)
+    itl: LatencySummary = field(default_factory=LatencySummary)
+    e2e: LatencySummary = field(default_factory=LatencySummary)
+    queue_time: LatencySummary = field(default_factory=LatencySummary)
+    ttft_attainment: float | None = None
+    itl_attainment: float | None = None
+    e2e_attainment: float | None = None
+    kv_usage_mean: float | None = None
+    kv_usage_max: float | None = None
+    preemption_rate: float = 0.0
+    running_mean: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    prompt_len: LengthSummary = field(default_factory=LengthSummary)
+    generation_len: LengthSummary = field(default_factory=LengthSummary)
+    prefix_cache_hit_rate: float | None = None
+    iteration_tokens_mean: float | None = None
+    kv_cache: KVCacheInfo = field(default_factory=KVCacheInfo)
+
+    @classmethod
+    def unavailable(cls, time: datetime, window_s: float, reason: str) -> Snapshot:
+        return cls(time=time, window_s=window_s, available=False, reason=reason, num_pods=0)
+
+    def per_pod_rate(self) -> float:
+        return self.request_rate / max(1, self.num_pods)
+
+    def latency(self, metric: str) -> LatencySummary:
+        s: LatencySummary = getattr(self, metric)
+        return s
+
+    def attainment(self, metric: str) -> float | None:
+        v: float | None = getattr(self, f"{metric}_attainment")
+        return v
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything decide() sees of the outside world at one reconcile."""
+
+    snapshot: Snapshot
+    pods: tuple[PodHealth, ...] = ()
+
+
+# ----------------------------------------------------------------------------- histogram maths
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative `(upper_bound, count)` buckets.
+
+    Same interpolation as PromQL (linear inside a bucket, lower edge 0 for the first), so the
+    tuner's tests and the Prometheus adapter read percentiles the same way. The +Inf bucket
+    returns the largest finite bound.
+    """
+    if not buckets:
+        return None
+    bs = sorted(buckets)
+    total = bs[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in bs:
+        if count >= rank:
+            if math.isinf(bound):
+                return prev_bound
+            if count == prev_count:
+                return bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+        prev_bound, prev_count = bound, count
+    return bs[-1][0] if not math.isinf(bs[-1][0]) else prev_bound
+
+
+def fraction_below(threshold: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Fraction of observations at or under `threshold`, interpolated inside its bucket."""
+    if not buckets:
+        return None
+    bs = sorted(buckets)
+    total = bs[-1][1]
+    if total <= 0:
+        return None
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in bs:
+        if threshold <= bound:
+            if math.isinf(bound):
+                return prev_count / total
+            frac = (threshold - prev_bound) / (bound - prev_bound) if bound > prev_bound else 1.0
+            return (prev_count + (count - prev_count) * frac) / total
+        prev_bound, prev_count = bound, count
+    return 1.0
+
+
+def target_value(snapshot: Snapshot, metric: str, target: SLOTarget) -> float | None:
+    """The snapshot's value for one SLO target (ms), or None when not measured."""
+    return snapshot.latency(metric).at(target.percentile)

@@ -1,0 +1,219 @@
+"""kopf wiring only: gather inputs from kopf's indexes, call the controller, post events.
+
+Handlers are registered on a registry built per operator instance (`build_registry`), so the
+reconcile interval and the clients come from the command line, and tests can run several
+operators in one process without sharing global state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+
+from vllm_autotuner import (
+    API_VERSION,
+    FIELD_MANAGER,
+    GROUP,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    VERSION,
+)
+from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials, resource_path
+from vllm_autotuner.controller import Controller, Outcome
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENTS = "vllmdeployments"
+POLICIES = "vllmtuningpolicies"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """What `vllm-autotuner run` was told; everything has a production default."""
+
+    credentials: KubeCredentials
+    reconcile_interval_s: float = 30.0
+    request_timeout_s: float = 30.0
+    prometheus_url: str | None = None
+    prometheus_timeout_s: float = 10.0
+    prometheus_bearer_token_file: str | None = None
+    prometheus_ca_file: str | None = None
+    standalone: bool = True
+    peering_name: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _child_key(namespace: str | None, name: str | None) -> str:
+    return f"{namespace}/{name}"
+
+
+def _first(index: Any, key: Any) -> Any:
+    """kopf indexes hold a collection of values per key; we key by identity, so take one."""
+    try:
+        values = index[key]
+    except KeyError:
+        return None
+    for value in values:
+        return value
+    return None
+
+
+def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Controller]:
+    registry = kopf.OperatorRegistry()
+    kube = KubeClient(config.credentials, timeout_s=config.request_timeout_s)
+    controller = Controller(kube)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Our own prefixes, so other kopf operators in the cluster never collide with us, and
+        # no legacy duplicate keys (kubernetes-conventions.md §1.2).
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix=GROUP, v1=False
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration", v1=False
+        )
+        settings.posting.reporting_component = FIELD_MANAGER
+        settings.posting.reporting_instance = os.environ.get("POD_NAME", "local")
+        settings.posting.level = logging.INFO
+        settings.networking.request_timeout = config.request_timeout_s
+        settings.networking.connect_timeout = 10
+        settings.execution.max_workers = 4
+        settings.peering.standalone = config.standalone
+        if config.peering_name:
+            settings.peering.name = config.peering_name
+
+    @kopf.on.cleanup(registry=registry)
+    async def close_clients(**_: Any) -> None:
+        await kube.close()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        """kopf talks to the same API server, with the same credentials, as our client."""
+        creds = config.credentials
+        return kopf.ConnectionInfo(
+            server=creds.server,
+            token=creds.token,
+            ca_path=creds.ca_file,
+            certificate_path=creds.cert_file,
+            private_key_path=creds.key_file,
+            insecure=not creds.verify,
+            default_namespace="default",
+        )
+
+    # Indexes keep what every reconcile needs in memory, so an idle cycle makes no API call.
+    @kopf.index(GROUP, VERSION, POLICIES, registry=registry)
+    def policy_index(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
+        return {name: dict(spec)}
+
+    @kopf.index("", "v1", "namespaces", registry=registry)
+    def namespace_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
+        return {name: dict(labels)}
+
+    managed = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+
+    @kopf.index("apps", "v1", "deployments", labels=managed, registry=registry)
+    def deployment_index(
+        namespace: str | None, name: str | None, body: kopf.Body, **_: Any
+    ) -> dict[str, dict[str, Any]]:
+        return {_child_key(namespace, name): dict(body)}
+
+    @kopf.index("", "v1", "services", labels=managed, registry=registry)
+    def service_index(
+        namespace: str | None, name: str | None, body: kopf.Body, **_: Any
+    ) -> dict[str, dict[str, Any]]:
+        return {_child_key(namespace, name): dict(body)}
+
+    async def run_reconcile(
+        body: Mapping[str, Any],
+        indexes: Mapping[str, Any],
+        known_children: Mapping[str, Mapping[str, Any] | None] | None = None,
+    ) -> Outcome:
+        meta = body["metadata"]
+        key = _child_key(meta.get("namespace"), meta.get("name"))
+        ns_labels = _first(indexes["namespace_index"], meta.get("namespace")) or {}
+        policies = {}
+        ref = ((body.get("spec") or {}).get("tuning") or {}).get("policyRef", "default")
+        policy = _first(indexes["policy_index"], ref)
+        if policy is not None:
+            policies[ref] = policy
+        outcome = await controller.reconcile(
+            body,
+            policies=policies,
+            namespace_labels=ns_labels,
+            children={
+                "Deployment": _first(indexes["deployment_index"], key),
+                "Service": _first(indexes["service_index"], key),
+                **(known_children or {}),
+            },
+        )
+        for event in outcome.events:
+            poster = kopf.warn if event.type == "Warning" else kopf.info
+            poster(cast(Any, dict(body)), reason=event.reason, message=event.message)
+        return outcome
+
+    @kopf.timer(
+        GROUP, VERSION, DEPLOYMENTS, interval=config.reconcile_interval_s, registry=registry
+    )
+    async def reconcile_periodically(body: kopf.Body, **kwargs: Any) -> None:
+        await run_reconcile(dict(body), kwargs)
+
+    @kopf.on.event(GROUP, VERSION, DEPLOYMENTS, registry=registry)
+    async def reconcile_on_change(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
+        """React at once to a new generation instead of waiting for the timer."""
+        if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
+            controller.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+            return
+        generation = body.get("metadata", {}).get("generation")
+        observed = (body.get("status") or {}).get("observedGeneration")
+        if generation is not None and generation == observed:
+            return
+        await run_reconcile(dict(body), kwargs)
+
+    @kopf.on.event("apps", "v1", "deployments", labels=managed, registry=registry)
+    async def reconcile_owner(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
+        """A child changed (became available, was edited or deleted): reconcile its owner."""
+        owners = [
+            ref
+            for ref in body.get("metadata", {}).get("ownerReferences") or []
+            if ref.get("apiVersion") == API_VERSION and ref.get("kind") == "VLLMDeployment"
+        ]
+        if not owners:
+            return
+        namespace = body["metadata"]["namespace"]
+        owner = await kube.get(
+            resource_path(API_VERSION, DEPLOYMENTS, namespace, owners[0]["name"])
+        )
+        if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
+            return
+        # The event is fresher than the index: use it (a deleted child gets re-created).
+        child = None if type == "DELETED" else dict(body)
+        await run_reconcile(owner, kwargs, {"Deployment": child})
+
+    return registry, controller
+
+
+async def run_operator(
+    config: OperatorConfig,
+    *,
+    namespaces: list[str] | None = None,
+    liveness_endpoint: str | None = None,
+    stop_flag: asyncio.Event | None = None,
+) -> None:
+    registry, _ = build_registry(config)
+    await kopf.operator(
+        registry=registry,
+        clusterwide=not namespaces,
+        namespaces=namespaces or [],
+        standalone=config.standalone,
+        peering_name=config.peering_name,
+        liveness_endpoint=liveness_endpoint,
+        stop_flag=stop_flag,
+    )

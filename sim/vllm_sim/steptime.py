@@ -1,0 +1,133 @@
+"""How long one engine step takes: a roofline per GPU plus fixed host costs.
+
+The step is memory-bound while it streams weights and KV (decode) and compute-bound once the
+token budget is spent on prefill; which one wins is exactly the trade-off the token budget knob
+moves, so the model must keep both terms and never beat either physical floor.
+Formula: simulator-calibration.md §1.2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from vllm_sim.catalog import GpuSpec, ModelSpec
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every efficiency and overhead constant of the step-time model, in one place.
+
+    Starting points from simulator-calibration.md §1.2 (eta_bw 0.85, eta_mfu 0.5, c_step 2.5 ms),
+    re-fitted on the H100 runs of real-vllm-measurements.md §3 (vLLM V1 with async scheduling:
+    the host overhead hides partly behind the GPU, hence a c_step under the 2.5 ms of the 2024 CI
+    fixed-batch runs). bench/sim_calibration_points.py prints model vs measured for all points.
+    """
+
+    eta_bw_weights: float = 0.85  # achieved / peak HBM bandwidth while streaming weights
+    eta_bw_kv: float = 0.70  # paged-attention KV reads are less efficient (BLIS fit: ~0.5)
+    eta_mfu: float = 0.50  # achieved / peak dense FLOP/s on prefill (vidur A100 34B: 0.52)
+    c_step_s: float = 1.6e-3  # host scheduling, sampling, launch per step
+    c_seq_s: float = 8e-6  # per scheduled sequence (input prep, sampling; BLIS fit 4.4 us)
+    allreduce_latency_s: float = 6e-6  # per all-reduce (two per layer) when TP > 1
+    eta_link: float = 0.7  # achieved / peak interconnect bandwidth in all-reduces
+
+
+CALIBRATION = Calibration()
+
+
+class StepTimeModel:
+    """Step durations for one model on one GPU type at one TP degree."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        tp: int,
+        kv_bytes_per_token: int,
+        calibration: Calibration = CALIBRATION,
+        bandwidth_efficiency: float = 1.0,
+        compute_efficiency: float = 1.0,
+    ) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.tp = tp
+        cal = calibration
+        # Efficiencies can be moved by Reality, but never above the hardware peak.
+        eta_w = min(1.0, cal.eta_bw_weights * bandwidth_efficiency)
+        eta_kv = min(1.0, cal.eta_bw_kv * bandwidth_efficiency)
+        eta_mfu = min(1.0, cal.eta_mfu * compute_efficiency)
+        bw = gpu.hbm_bandwidth
+        peak = gpu.bf16_flops
+        self._w_bw = eta_w * bw
+        self._kv_per_token_s = kv_bytes_per_token / (eta_kv * bw)
+        self._flop_per_token = 2.0 * model.active_params_per_token / tp
+        self._flop_per_logit = 2.0 * model.hidden_size * model.vocab_size / tp
+        self._flop_per_pair = (
+            4.0 * model.num_hidden_layers * model.num_attention_heads * model.head_dim / tp
+        )
+        self._compute_rate = eta_mfu * peak
+        self._c_step = cal.c_step_s
+        self._c_seq = cal.c_seq_s
+        n_ar = 2 * model.num_hidden_layers if tp > 1 else 0
+        self._ar_fixed = n_ar * cal.allreduce_latency_s
+        link = gpu.interconnect_bandwidth * cal.eta_link
+        ring = 2.0 * (tp - 1) / tp if tp > 1 else 0.0
+        self._ar_per_token = n_ar * ring * model.hidden_size * model.dtype_bytes / link
+        self._dense_weight_s = model.streamed_weight_bytes(1.0) / tp / self._w_bw
+        self._moe = model.is_moe
+
+    def weight_time(self, n_tokens: float) -> float:
+        if not self._moe:
+            return self._dense_weight_s
+        return self.model.streamed_weight_bytes(n_tokens) / self.tp / self._w_bw
+
+    def step_time(self, n_tokens: int, n_seqs: int, ctx_tokens: float, attn_pairs: float) -> float:
+        """One step: `ctx_tokens` = KV tokens read (context before the step, summed over the
+        scheduled requests); `attn_pairs` = query-key pairs of the attention (Σ chunk x context)."""
+        mem = self.weight_time(n_tokens) + self._kv_per_token_s * (ctx_tokens + n_tokens)
+        flops = (
+            self._flop_per_token * n_tokens
+            + self._flop_per_logit * n_seqs
+            + self._flop_per_pair * attn_pairs
+        )
+        comp = flops / self._compute_rate
+        return (
+            (mem if mem > comp else comp)
+            + self._c_step
+            + self._c_seq * n_seqs
+            + self._ar_fixed
+            + self._ar_per_token * n_tokens
+        )
+
+    def decode_times(self, n_seqs: int, ctx0: float, steps: int) -> FloatArray:
+        """`steps` consecutive pure-decode steps of `n_seqs` requests whose contexts sum to
+        `ctx0` at the first step and grow by one token each per step (the skip-ahead path)."""
+        i = np.arange(steps, dtype=np.float64)
+        ctx = ctx0 + i * n_seqs
+        mem = self.weight_time(n_seqs) + self._kv_per_token_s * (ctx + n_seqs)
+        # Decode attention: one query per request against its context plus itself.
+        pairs = ctx + n_seqs
+        flops = (
+            self._flop_per_token * n_seqs + self._flop_per_logit * n_seqs + self._flop_per_pair * pairs
+        )
+        comp = flops / self._compute_rate
+        fixed = self._c_step + self._c_seq * n_seqs + self._ar_fixed + self._ar_per_token * n_seqs
+        out: FloatArray = np.maximum(mem, comp) + fixed
+        return out
+
+    def floor(self, n_tokens: int, n_seqs: int, ctx_tokens: float, attn_pairs: float) -> float:
+        """The physical floor of a step: bytes at peak bandwidth, FLOPs at peak compute."""
+        bytes_ = self.model.streamed_weight_bytes(n_tokens) / self.tp + (
+            self._kv_per_token_s * self.gpu.hbm_bandwidth * CALIBRATION.eta_bw_kv
+        ) * 0.0
+        flops = (
+            self._flop_per_token * n_tokens
+            + self._flop_per_logit * n_seqs
+            + self._flop_per_pair * attn_pairs
+        )
+        return max(bytes_ / self.gpu.hbm_bandwidth, flops / self.gpu.bf16_flops)
