@@ -125,7 +125,9 @@ class ModelSpec:
 
     def kv_bytes_per_token(self, tp: int, kv_dtype_bytes: int) -> int:
         """Per GPU: 2 (K and V) x layers x kv heads per rank x head_dim x dtype (vllm.md §3.3)."""
-        return 2 * self.num_hidden_layers * self.kv_heads_per_rank(tp) * self.head_dim * kv_dtype_bytes
+        return (
+            2 * self.num_hidden_layers * self.kv_heads_per_rank(tp) * self.head_dim * kv_dtype_bytes
+        )
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,9 @@ class GpuSpec:
         return self.memory_bytes / GiB
 
 
-def _llama(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, mpe: int) -> dict[str, Any]:
+def _llama(
+    hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, mpe: int
+) -> dict[str, Any]:
     return {
         "hidden_size": hidden,
         "num_hidden_layers": layers,
@@ -205,18 +209,55 @@ MODEL_ALIASES = {
 # datasheet (8 TB/s, 2.25 PFLOPS dense BF16 per GPU). Interconnect: NVLink per direction
 # (A100 300, H100/H200 450, B200 900 GB/s); L40S has no NVLink (PCIe Gen4 x16, ~25 GB/s achieved).
 GPU_SPECS: dict[str, dict[str, Any]] = {
-    "A100-40GB": {"device_name": "NVIDIA A100-SXM4-40GB", "memory_gib": 39.39, "hbm_tb_s": 1.555,
-                  "bf16_tflops": 312, "fp8_tflops": None, "interconnect_gb_s": 300},
-    "A100-80GB": {"device_name": "NVIDIA A100-SXM4-80GB", "memory_gib": 79.15, "hbm_tb_s": 2.039,
-                  "bf16_tflops": 312, "fp8_tflops": None, "interconnect_gb_s": 300},
-    "H100": {"device_name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.19, "hbm_tb_s": 3.35,
-             "bf16_tflops": 989, "fp8_tflops": 1979, "interconnect_gb_s": 450},
-    "H200": {"device_name": "NVIDIA H200", "memory_gib": 139.81, "hbm_tb_s": 4.8,
-             "bf16_tflops": 989, "fp8_tflops": 1979, "interconnect_gb_s": 450},
-    "L40S": {"device_name": "NVIDIA L40S", "memory_gib": 44.39, "hbm_tb_s": 0.864,
-             "bf16_tflops": 362, "fp8_tflops": 733, "interconnect_gb_s": 25},
-    "B200": {"device_name": "NVIDIA B200", "memory_gib": 178.35, "hbm_tb_s": 8.0,
-             "bf16_tflops": 2250, "fp8_tflops": 4500, "interconnect_gb_s": 900, "sm100": True},
+    "A100-40GB": {
+        "device_name": "NVIDIA A100-SXM4-40GB",
+        "memory_gib": 39.39,
+        "hbm_tb_s": 1.555,
+        "bf16_tflops": 312,
+        "fp8_tflops": None,
+        "interconnect_gb_s": 300,
+    },
+    "A100-80GB": {
+        "device_name": "NVIDIA A100-SXM4-80GB",
+        "memory_gib": 79.15,
+        "hbm_tb_s": 2.039,
+        "bf16_tflops": 312,
+        "fp8_tflops": None,
+        "interconnect_gb_s": 300,
+    },
+    "H100": {
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "memory_gib": 79.19,
+        "hbm_tb_s": 3.35,
+        "bf16_tflops": 989,
+        "fp8_tflops": 1979,
+        "interconnect_gb_s": 450,
+    },
+    "H200": {
+        "device_name": "NVIDIA H200",
+        "memory_gib": 139.81,
+        "hbm_tb_s": 4.8,
+        "bf16_tflops": 989,
+        "fp8_tflops": 1979,
+        "interconnect_gb_s": 450,
+    },
+    "L40S": {
+        "device_name": "NVIDIA L40S",
+        "memory_gib": 44.39,
+        "hbm_tb_s": 0.864,
+        "bf16_tflops": 362,
+        "fp8_tflops": 733,
+        "interconnect_gb_s": 25,
+    },
+    "B200": {
+        "device_name": "NVIDIA B200",
+        "memory_gib": 178.35,
+        "hbm_tb_s": 8.0,
+        "bf16_tflops": 2250,
+        "fp8_tflops": 4500,
+        "interconnect_gb_s": 900,
+        "sm100": True,
+    },
 }
 GPU_ALIASES = {"A100": "A100-80GB", "H100-80GB": "H100", "H100-SXM": "H100", "H200-141GB": "H200"}
 

@@ -164,7 +164,12 @@ _SIM_FLAGS: tuple[tuple[str, type | object, object, str], ...] = (
         None,
         "run-time CUDA OOM hazard when --gpu-memory-utilization is above this",
     ),
-    ("oom-min-batched-tokens", int, 0, "... and --max-num-batched-tokens is at least this"),
+    (
+        "oom-min-batched-tokens",
+        human_readable_int,
+        0,
+        "... and --max-num-batched-tokens is at least this",
+    ),
     ("oom-mean-time", float, 300.0, "mean virtual seconds until the OOM strikes"),
     (
         "crash-exit-code",
@@ -180,8 +185,13 @@ def sim_env_name(suffix: str) -> str:
     return "VLLM_SIM_" + suffix.upper().replace("-", "_")
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """The vLLM engine flags the simulator models, the ignored ones, and the --sim-* flags."""
+def add_engine_arguments(
+    parser: argparse.ArgumentParser, env: Mapping[str, str], *, keep: Sequence[str] = ()
+) -> None:
+    """The vLLM engine flags the simulator models, the ignored ones, and the --sim-* flags.
+
+    `keep` names ignored vLLM flags to leave out, so a command can give them its own meaning
+    (`vllm-sim run --seed` seeds the workload)."""
     parser.add_argument("model", nargs="?", help="model catalog name or path to a config.json")
     parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     group = parser.add_argument_group("vLLM engine flags (modelled)")
@@ -204,6 +214,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
 
     ignored = parser.add_argument_group("vLLM flags accepted and ignored (with a warning)")
     for flag in _IGNORED_VALUE_FLAGS:
+        if flag in keep:
+            continue
         shorts = [s for s, long in _IGNORED_VALUE_SHORT.items() if long == flag]
         ignored.add_argument(
             flag, *shorts, dest=f"ignored_{flag[2:]}", default=None, help=argparse.SUPPRESS

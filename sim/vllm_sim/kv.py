@@ -87,7 +87,9 @@ def default_batch_knobs(gpu: GpuSpec) -> tuple[int, int]:
     return 2048, 256
 
 
-def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, sm100: bool) -> list[int]:
+def cudagraph_capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, sm100: bool
+) -> list[int]:
     """The default capture-size list (vllm.md §7): 1,2,4, steps of 8, then of 16, up to the max."""
     cap = min(max_num_seqs * 2, 1024 if sm100 else 512)
     cap = min(cap, max_num_batched_tokens)
@@ -114,8 +116,7 @@ def resolve_config(cfg: EngineConfig, model: ModelSpec, gpu: GpuSpec) -> EngineC
         )
     if not 0.0 < cfg.gpu_memory_utilization <= 1.0:
         raise StartupError(
-            "gpu_memory_utilization must be in (0, 1], got "
-            f"{cfg.gpu_memory_utilization}"
+            f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}"
         )
     if cfg.tensor_parallel_size < 1 or model.num_attention_heads % cfg.tensor_parallel_size:
         raise StartupError(
@@ -149,7 +150,9 @@ def resolve_config(cfg: EngineConfig, model: ModelSpec, gpu: GpuSpec) -> EngineC
             f"long_prefill_token_threshold ({cfg.long_prefill_token_threshold}) cannot be greater "
             f"than the max_model_len ({mml})."
         )
-    return dataclasses.replace(cfg, max_num_seqs=mns, max_num_batched_tokens=mnbt, max_model_len=mml)
+    return dataclasses.replace(
+        cfg, max_num_seqs=mns, max_num_batched_tokens=mnbt, max_model_len=mml
+    )
 
 
 def activation_peak_bytes(model: ModelSpec, tp: int, mnbt: int, mns: int) -> int:
@@ -178,7 +181,8 @@ def kv_cache_info(cfg: EngineConfig, model: ModelSpec, gpu: GpuSpec) -> KVCacheI
     weights = model.weights_bytes // tp
     if weights > free_at_snapshot:
         raise StartupError(
-            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {weights / GiB:.2f} GiB. "
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            f"{weights / GiB:.2f} GiB. "
             f"GPU 0 has a total capacity of {total / GiB:.2f} GiB of which "
             f"{free_at_snapshot / GiB:.2f} GiB is free."
         )
@@ -197,6 +201,9 @@ def kv_cache_info(cfg: EngineConfig, model: ModelSpec, gpu: GpuSpec) -> KVCacheI
     per_block = per_token * cfg.block_size
     num_blocks = available // per_block
     mml = cfg.max_model_len
+    if cfg.num_gpu_blocks_override is not None:
+        num_blocks = cfg.num_gpu_blocks_override
+        available = num_blocks * per_block
     blocks_per_seq = ceil_div(mml, cfg.block_size)
     needed = blocks_per_seq * per_block
     usable = available - per_block  # the check leaves out the null block

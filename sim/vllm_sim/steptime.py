@@ -113,21 +113,11 @@ class StepTimeModel:
         # Decode attention: one query per request against its context plus itself.
         pairs = ctx + n_seqs
         flops = (
-            self._flop_per_token * n_seqs + self._flop_per_logit * n_seqs + self._flop_per_pair * pairs
+            self._flop_per_token * n_seqs
+            + self._flop_per_logit * n_seqs
+            + self._flop_per_pair * pairs
         )
         comp = flops / self._compute_rate
         fixed = self._c_step + self._c_seq * n_seqs + self._ar_fixed + self._ar_per_token * n_seqs
         out: FloatArray = np.maximum(mem, comp) + fixed
         return out
-
-    def floor(self, n_tokens: int, n_seqs: int, ctx_tokens: float, attn_pairs: float) -> float:
-        """The physical floor of a step: bytes at peak bandwidth, FLOPs at peak compute."""
-        bytes_ = self.model.streamed_weight_bytes(n_tokens) / self.tp + (
-            self._kv_per_token_s * self.gpu.hbm_bandwidth * CALIBRATION.eta_bw_kv
-        ) * 0.0
-        flops = (
-            self._flop_per_token * n_tokens
-            + self._flop_per_logit * n_seqs
-            + self._flop_per_pair * attn_pairs
-        )
-        return max(bytes_ / self.gpu.hbm_bandwidth, flops / self.gpu.bf16_flops)

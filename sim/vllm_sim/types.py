@@ -42,6 +42,9 @@ class EngineConfig:
     served_model_name: str | None = None
     # vLLM's --show-hidden-metrics-for-version: brings back names deprecated in that version.
     show_hidden_metrics_for_version: str | None = None
+    # vLLM's --num-gpu-blocks-override: fixes the KV block count after profiling (tests use it to
+    # get a small cache without a small GPU).
+    num_gpu_blocks_override: int | None = None
 
 
 @dataclass(frozen=True)

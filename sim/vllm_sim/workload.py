@@ -486,23 +486,39 @@ def run_virtual(
     requests.sort(key=lambda r: r.arrival_time)
     records: list[RequestRecord] = []
     next_report = engine.now + progress_every
+
+    def report() -> None:
+        nonlocal next_report
+        if progress is not None and engine.now >= next_report:
+            progress(engine.now, len(records), len(requests))
+            next_report = engine.now + progress_every
+
     for request in requests:
         if request.arrival_time > engine.now:
             engine.run_until(request.arrival_time)
-        engine.add_request(request)
+        try:
+            engine.add_request(request)
+        except ValueError:  # rejected as vLLM would with HTTP 400 (e.g. prompt too long)
+            records.append(_rejected(request))
         records.extend(engine.pop_finished())
-        if progress is not None and engine.now >= next_report:
-            progress(engine.now, len(records), len(requests))
-            next_report = engine.now + progress_every
+        report()
     while engine.has_unfinished():
-        upcoming = engine.next_event_time()
-        if upcoming is None:
-            raise RuntimeError("engine has unfinished requests but no next event")
-        target = max(engine.now, upcoming)
-        engine.run_until(min(target, engine.now + progress_every) if progress else target)
+        engine.run_until(engine.now + progress_every if progress is not None else math.inf)
         records.extend(engine.pop_finished())
-        if progress is not None and engine.now >= next_report:
-            progress(engine.now, len(records), len(requests))
-            next_report = engine.now + progress_every
+        report()
     records.extend(engine.pop_finished())
     return records
+
+
+def _rejected(request: Request) -> RequestRecord:
+    return RequestRecord(
+        request_id=request.request_id,
+        arrival_time=request.arrival_time,
+        prompt_len=request.prompt_len,
+        output_len=0,
+        max_tokens=request.max_tokens,
+        first_scheduled_time=None,
+        first_token_time=None,
+        finish_time=request.arrival_time,
+        finish_reason="error",
+    )

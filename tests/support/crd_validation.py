@@ -20,6 +20,8 @@ from typing import Any
 import celpy
 import jsonschema
 from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 K8S_KEYWORDS = (
     "x-kubernetes-validations",
@@ -59,7 +61,7 @@ def crd_schema(crd: dict[str, Any], version: str | None = None) -> dict[str, Any
 
 
 def iter_nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every schema node with a JSON-path-like location (``[]`` for items, ``{}`` for map values)."""
+    """Every schema node with its location (``[]`` marks items, ``{}`` map values)."""
     yield path, schema
     for name, sub in schema.get("properties", {}).items():
         yield from iter_nodes(sub, f"{path}.{name}")
@@ -142,9 +144,7 @@ def to_json_schema(node: dict[str, Any], strict: bool = True) -> dict[str, Any]:
             continue
         if key == "properties":
             out[key] = {k: to_json_schema(v, strict) for k, v in value.items()}
-        elif key == "items":
-            out[key] = to_json_schema(value, strict)
-        elif key == "additionalProperties" and isinstance(value, dict):
+        elif key == "items" or (key == "additionalProperties" and isinstance(value, dict)):
             out[key] = to_json_schema(value, strict)
         elif key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
             continue
@@ -181,16 +181,15 @@ def schema_violations(schema: dict[str, Any], obj: Any, strict: bool = True) -> 
 # ---------------------------------------------------------------- CEL
 
 
-@cache
-def _environment() -> celpy.Environment:
-    return celpy.Environment()
+# Created at import: celpy raises the recursion limit when an Environment is built, and
+# hypothesis warns when that happens inside a test.
+_ENVIRONMENT = celpy.Environment()
 
 
 @cache
 def compile_rule(rule: str) -> Any:
     """A celpy program for one rule; raises celpy.CELParseError when it does not compile."""
-    env = _environment()
-    return env.program(env.compile(rule))
+    return _ENVIRONMENT.program(_ENVIRONMENT.compile(rule))
 
 
 def to_cel(schema: dict[str, Any], value: Any) -> Any:
@@ -223,7 +222,7 @@ def to_cel(schema: dict[str, Any], value: Any) -> Any:
         return celtypes.MapType(
             {celtypes.StringType(k): to_cel(extra, v) for k, v in value.items()}
         )
-    return celpy.json_to_cel(value)
+    return json_to_cel(value)
 
 
 def evaluate_rule(rule: str, schema: dict[str, Any], value: Any) -> bool | str:
@@ -231,9 +230,9 @@ def evaluate_rule(rule: str, schema: dict[str, Any], value: Any) -> bool | str:
     program = compile_rule(rule)
     try:
         result = program.evaluate({"self": to_cel(schema, value)})
-    except celpy.CELEvalError as error:
+    except CELEvalError as error:
         return f"CEL evaluation error: {error.args[0] if error.args else error}"
-    if isinstance(result, celpy.CELEvalError):
+    if isinstance(result, CELEvalError):
         return f"CEL evaluation error: {result.args[0] if result.args else result}"
     return bool(result)
 

@@ -72,6 +72,7 @@ def _owned_flag_pattern() -> str:
 
 OWNED_FLAG_PATTERN = _owned_flag_pattern()
 _OWNED_FLAG = re.compile(OWNED_FLAG_PATTERN, re.DOTALL)
+_PERCENT = re.compile(PERCENT_OR_INT_PATTERN)
 
 EXTRA_ARG_NOT_OWNED = Rule(
     rule=f"!self.matches('{OWNED_FLAG_PATTERN}')",
@@ -105,7 +106,7 @@ INT_OR_PERCENT = Rule(
 
 
 IntOrPercent = Annotated[
-    int | Annotated[str, Field(pattern=PERCENT_OR_INT_PATTERN, max_length=4)],
+    int | Annotated[str, Field(max_length=4)],
     Field(json_schema_extra={"x-kubernetes-int-or-string": True, **cel(INT_OR_PERCENT)}),
 ]
 
@@ -256,6 +257,8 @@ class RolloutStrategy(SpecModel):
     def _non_negative(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value < 0:
             raise ValueError(INT_OR_PERCENT.message)
+        if isinstance(value, str) and not _PERCENT.fullmatch(value):
+            raise ValueError(INT_OR_PERCENT.message)
         return value
 
     @model_validator(mode="after")
@@ -292,7 +295,9 @@ class VLLMDeploymentSpec(SpecModel):
     gpu: GPUSpec = section(GPUSpec)
     placement: Placement = section(Placement)
     engine: EngineSpec = section(EngineSpec)
-    knobs: KnobsSpec = section(KnobsSpec, "Pinned knobs; the tuner moves only the unset ones.")
+    knobs: KnobsSpec = section(
+        KnobsSpec, "Where tuning starts; unset knobs start at vLLM's per-GPU defaults."
+    )
     tuning: TuningSpec = section(TuningSpec)
     pod: PodSettings = section(PodSettings)
     service: ServiceSpec = section(ServiceSpec)

@@ -35,7 +35,7 @@ def _check_duration(text: str) -> str:
 
 Duration = Annotated[
     str,
-    AfterValidator(_check_duration),
     Field(max_length=DURATION_MAX_LENGTH, pattern=DURATION_PATTERN),
+    AfterValidator(_check_duration),
 ]
 """A duration kept as the user wrote it, so status and spec round-trip byte for byte."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,8 +16,8 @@ from vllm_autotuner.api.status import VLLMDeploymentStatus, VLLMTuningPolicyStat
 class _Resource(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    api_version: Literal["vllm.autotuner.io/v1alpha1"] = Field(
-        default=API_VERSION, alias="apiVersion"
+    api_version: str = Field(
+        default=API_VERSION, alias="apiVersion", pattern=f"^{re.escape(API_VERSION)}$"
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
 

@@ -140,7 +140,9 @@ def diagnose(snapshot: Snapshot, slo: SLO, knobs: Knobs, min_requests: int = 1) 
                 violations,
             )
     if violations:
-        return Diagnosis("healthy", f"SLO missed without a clear bottleneck: {vtext}", violations=violations)
+        return Diagnosis(
+            "healthy", f"SLO missed without a clear bottleneck: {vtext}", violations=violations
+        )
     return Diagnosis(
         "healthy",
         f"SLO met at {snapshot.request_rate:.2f} req/s"

@@ -37,7 +37,7 @@ class Workload:
     gen_mean: float
     gen_p90: float
     prefix_hit_rate: float = 0.0
-    slo: SLO = SLO()
+    slo: SLO = field(default_factory=SLO)
     safety_margin: float = 0.9
 
     @classmethod
@@ -65,11 +65,14 @@ class Calibration:
     """Fitted parameters of a model for one deployment (persisted in status.tuning).
 
     `step_scale` multiplies the prior step time (1.0 = the catalog's GPU at the assumed
-    efficiencies); `per_request_overhead_s` is time a request spends outside engine steps
-    (API server, tokenisation); the KV fields let capacity follow gpu_memory_utilization.
+    efficiencies); `compute_scale` multiplies the per-token compute cost on top of it (what
+    makes prefill-carrying steps long); `per_request_overhead_s` is time a request spends
+    outside engine steps (API server, tokenisation); the KV fields let capacity follow
+    gpu_memory_utilization.
     """
 
     step_scale: float = 1.0
+    compute_scale: float = 1.0
     per_request_overhead_s: float = 0.0
     kv_bytes_per_token: float | None = None
     gpu_memory_bytes: float | None = None
@@ -98,6 +101,7 @@ class Calibration:
 
         return cls(
             step_scale=g("step_scale") or 1.0,
+            compute_scale=g("compute_scale") or 1.0,
             per_request_overhead_s=g("per_request_overhead_s") or 0.0,
             kv_bytes_per_token=g("kv_bytes_per_token"),
             gpu_memory_bytes=g("gpu_memory_bytes"),
@@ -141,6 +145,8 @@ class Prediction:
     capacity_rps: float
     meets_slo: bool
     reason: str = ""
+    # Worst predicted value / SLO threshold over the targets (no margin); > 1 misses the SLO.
+    slo_ratio: float = 0.0
 
 
 class PerformanceModel(Protocol):
@@ -231,33 +237,58 @@ class AnalyticModel:
         workload: Workload,
         prior: Calibration | None,
     ) -> Calibration:
-        """Fit step_scale to the observed mean ITL and overhead to the observed median TTFT."""
+        """Fit step time to the observed ITL (mean and tail) and overhead to the median TTFT.
+
+        Two scales are fitted in turn: the whole step (from the mean ITL, mostly decode-only
+        steps) and the compute part (from the ITL tail, the steps that carry prefill chunks).
+        """
         self.gpu_product = ctx.gpu_product
-        base = _kv_calibration(snapshot, knobs, ctx, prior)
-        itl = snapshot.itl.mean_ms or snapshot.itl.p50_ms
-        if itl is None or workload.request_rate <= 0:
-            return base
-        target_s = itl / 1000.0
-
-        def err(log_scale: float) -> float:
-            cal = replace(base, step_scale=math.exp(log_scale))
-            st = self._steady(knobs, workload, cal)
-            return (st.step_s if st.stable else 1e3) - target_s
-
-        lo, hi = math.log(0.02), math.log(50.0)
-        if err(lo) > 0:
-            scale = math.exp(lo)
-        elif err(hi) < 0:
-            scale = math.exp(hi)
-        else:
-            scale = math.exp(float(brentq(err, lo, hi, xtol=1e-4)))
-        cal = replace(base, step_scale=scale, fitted=True)
+        cal = replace(_kv_calibration(snapshot, knobs, ctx, prior), fitted=False)
+        mean_itl = snapshot.itl.mean_ms or snapshot.itl.p50_ms
+        if mean_itl is None or workload.request_rate <= 0:
+            return cal
+        q = _percentile(workload.slo, "itl")
+        tail_itl = snapshot.itl.at(q)
+        for _ in range(3):
+            cal = self._fit(cal, "step_scale", knobs, workload, mean_itl / 1000.0, None)
+            if tail_itl is not None and tail_itl > mean_itl:
+                cal = self._fit(cal, "compute_scale", knobs, workload, tail_itl / 1000.0, q)
+        cal = replace(cal, fitted=True)
         ttft = snapshot.ttft.p50_ms
         if ttft is not None:
             no_overhead = replace(cal, per_request_overhead_s=0.0)
             pred = self._latencies(knobs, workload, no_overhead, percentile_override=50.0)
             cal = replace(cal, per_request_overhead_s=max(0.0, ttft / 1000.0 - pred[0]))
         return cal
+
+    def _fit(
+        self,
+        cal: Calibration,
+        name: str,
+        knobs: Knobs,
+        w: Workload,
+        target_s: float,
+        itl_percentile: float | None,
+    ) -> Calibration:
+        """Solve for one scale (log-space brentq) so the model reproduces `target_s`."""
+
+        def value(log_scale: float) -> float:
+            c = _with_scale(cal, name, math.exp(log_scale))
+            if itl_percentile is None:
+                st = self._steady(knobs, w, c)
+                return st.step_s if st.stable else 1e3
+            itl = self._latencies(knobs, w, c, itl_override=itl_percentile)[1]
+            return itl if math.isfinite(itl) else 1e3
+
+        lo, hi = math.log(0.02), math.log(50.0)
+        f_lo, f_hi = value(lo) - target_s, value(hi) - target_s
+        if f_lo >= 0:
+            x = lo
+        elif f_hi <= 0:
+            x = hi
+        else:
+            x = float(brentq(lambda v: value(v) - target_s, lo, hi, xtol=1e-4))
+        return _with_scale(cal, name, math.exp(x))
 
     # -- prediction --------------------------------------------------------------------------
 
@@ -266,7 +297,7 @@ class AnalyticModel:
         if kv is not None and kv < workload.prompt_p90 + workload.gen_p90:
             return Prediction(
                 math.inf, math.inf, math.inf, kv, 0.0, False, 0.0, False,
-                f"KV cache of {kv:.0f} tokens cannot hold one long request",
+                f"KV cache of {kv:.0f} tokens cannot hold one long request", math.inf,
             )  # fmt: skip
         ttft, itl, e2e, st = self._latencies(knobs, workload, calibration)
         meets = self._meets(workload, ttft, itl, e2e) and st.stable
@@ -282,6 +313,7 @@ class AnalyticModel:
             capacity_rps=capacity,
             meets_slo=meets,
             reason=reason,
+            slo_ratio=slo_ratio(workload.slo, ttft * 1000.0, itl * 1000.0, e2e * 1000.0),
         )
 
     def _meets(self, w: Workload, ttft: float, itl: float, e2e: float) -> bool:
@@ -324,7 +356,7 @@ class AnalyticModel:
             s * _STEP_FIXED_S,
             s * _WEIGHT_BYTES / (bw * _ETA_BW),
             s * kvb / (bw * _ETA_BW),
-            s * _FLOP_PER_TOKEN / (peak * _ETA_MFU),
+            s * cal.compute_scale * _FLOP_PER_TOKEN / (peak * _ETA_MFU),
         )
 
     def _steady(self, knobs: Knobs, w: Workload, cal: Calibration) -> _Steady:
@@ -371,7 +403,8 @@ class AnalyticModel:
             if peak > kv_cap:
                 preempt = lam * min(1.0, (peak - kv_cap) / peak)
         chunk_room = max(1.0, budget - running)
-        chunk = min(chunk_room, max(1.0, w.prompt_p90 * (1.0 - w.prefix_hit_rate)))
+        # Prompts arriving while one is in prefill share the step's chunk.
+        chunk = min(chunk_room, max(1.0, w.prompt_p90 * (1.0 - w.prefix_hit_rate)) * (1 + lam * t))
         steps_per_prefill = math.ceil(p_eff / chunk_room)
         frac = min(1.0, lam * t * steps_per_prefill)
         decode_step = fixed + max(weights + kv_read * running * ctx, compute * running)
@@ -385,12 +418,13 @@ class AnalyticModel:
         w: Workload,
         cal: Calibration,
         percentile_override: float | None = None,
+        itl_override: float | None = None,
     ) -> tuple[float, float, float, _Steady]:
         """(ttft, itl, e2e) in seconds at each metric's SLO percentile, and the steady state."""
         st = self._steady(knobs, w, cal)
         if not st.stable:
             return math.inf, math.inf, math.inf, st
-        q_itl = (percentile_override or _percentile(w.slo, "itl")) / 100.0
+        q_itl = (itl_override or percentile_override or _percentile(w.slo, "itl")) / 100.0
         tail = 1.0 - q_itl
         if st.prefill_steps_frac >= tail:
             itl = st.prefill_step_s
@@ -410,6 +444,22 @@ class AnalyticModel:
         gen_q = w.gen_p90 if q_e2e >= 0.9 else w.gen_mean
         e2e = ttft + max(0.0, gen_q - 1.0) * st.step_s
         return ttft, itl, e2e, st
+
+
+def _with_scale(cal: Calibration, name: str, value: float) -> Calibration:
+    if name == "step_scale":
+        return replace(cal, step_scale=value)
+    return replace(cal, compute_scale=value)
+
+
+def slo_ratio(slo: SLO, ttft_ms: float, itl_ms: float, e2e_ms: float) -> float:
+    """Worst value/threshold over the SLO's targets (0 when it has none)."""
+    worst = 0.0
+    for metric, value in (("ttft", ttft_ms), ("itl", itl_ms), ("e2e", e2e_ms)):
+        t = getattr(slo, metric)
+        if t is not None:
+            worst = max(worst, value / t.threshold_ms)
+    return worst
 
 
 def _kv_calibration(

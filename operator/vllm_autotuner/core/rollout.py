@@ -99,11 +99,11 @@ def pod_failure(pods: Sequence[PodHealth], knobs: Knobs) -> PodFailure | None:
 def rollout_progress(pods: Sequence[PodHealth], knobs: Knobs, replicas: int) -> tuple[int, bool]:
     """(ready pods on the new knobs, whether the rollout is complete)."""
     ready_new = sum(
-        1
-        for p in pods
-        if p.ready and (p.revision_knobs is None or p.revision_knobs.same_as(knobs))
+        1 for p in pods if p.ready and (p.revision_knobs is None or p.revision_knobs.same_as(knobs))
     )
-    old = sum(1 for p in pods if p.revision_knobs is not None and not p.revision_knobs.same_as(knobs))
+    old = sum(
+        1 for p in pods if p.revision_knobs is not None and not p.revision_knobs.same_as(knobs)
+    )
     return ready_new, ready_new >= max(1, replicas) and old == 0
 
 
@@ -169,12 +169,19 @@ def judge(
     ratio = worst_ratio(snapshot, slo)
     rate = snapshot.per_pod_rate()
     if ratio is None:
-        return Verdict(True, f"no SLO percentile measurable at {rate:.2f} req/s/pod; no regression seen")
+        return Verdict(
+            True, f"no SLO percentile measurable at {rate:.2f} req/s/pod; no regression seen"
+        )
     if ratio <= 1.0:
-        return Verdict(True, f"SLO met at {rate:.2f} req/s/pod (worst target at {ratio:.0%} of its threshold)")
+        return Verdict(
+            True, f"SLO met at {rate:.2f} req/s/pod (worst target at {ratio:.0%} of its threshold)"
+        )
     base_ratio = None if baseline is None else _measured_ratio(baseline, slo)
     if baseline is not None and base_ratio is not None and base_ratio > 1.0:
-        if ratio <= base_ratio * (1.0 + REGRESSION_TOLERANCE) or rate > baseline.request_rate * LOAD_TOLERANCE:
+        if (
+            ratio <= base_ratio * (1.0 + REGRESSION_TOLERANCE)
+            or rate > baseline.request_rate * LOAD_TOLERANCE
+        ):
             return Verdict(
                 True,
                 f"SLO still missed ({ratio:.0%} of threshold) but no worse than the previous "
@@ -196,10 +203,18 @@ def judge(
             f"{rate / max(baseline.request_rate, 1e-9):.1f}x the baseline load; the previous "
             "configuration is predicted to miss it too",
         )
-    prev = "" if baseline is None else f" (previous configuration: {_fmt_ratio(base_ratio)} at {baseline.request_rate:.2f} req/s/pod)"
+    prev = (
+        ""
+        if baseline is None
+        else (
+            f" (previous configuration: {_fmt_ratio(base_ratio)} at "
+            f"{baseline.request_rate:.2f} req/s/pod)"
+        )
+    )
     return Verdict(
         False,
-        f"SLO regression: worst target at {ratio:.0%} of its threshold at {rate:.2f} req/s/pod{prev}",
+        f"SLO regression: worst target at {ratio:.0%} of its threshold at "
+        f"{rate:.2f} req/s/pod{prev}",
     )
 
 

@@ -88,11 +88,16 @@ def _axis(
     direction: int,
 ) -> list[float]:
     values = {current}
-    for f in fractions:
+    # Additive steps (fractions of max_step) and multiplicative ones (x1.5, x2): a large
+    # max_step must not hide the small moves that matter for small values.
+    deltas = {f * step for f in fractions} | {current * 0.5, current, current / 3.0}
+    for delta in sorted(deltas):
         for sign in (-1, 1):
             if direction and sign != direction:
                 continue
-            v = _round_to(current + sign * f * step, grain)
+            if sign < 0 and delta == current:
+                continue
+            v = _round_to(current + sign * delta, grain)
             # Rounding may overshoot the step; walk back one grain towards current.
             if abs(v - current) > step + 1e-9:
                 v -= sign * grain
@@ -137,8 +142,8 @@ def candidate_axes(
         d.gmu if d else 0,
     )
     return (
-        sorted({int(round(v)) for v in mnbt}),
-        sorted({int(round(v)) for v in mns}),
+        sorted({round(v) for v in mnbt}),
+        sorted({round(v) for v in mns}),
         sorted({round(v, 4) for v in gmu}),
     )
 
@@ -190,7 +195,7 @@ def search(
     cache: dict[tuple[int, int, float], tuple[float, Prediction | None]] = {}
 
     def score(idx: np.ndarray) -> float:
-        i, j, m = (int(round(float(x))) for x in idx)
+        i, j, m = (round(float(x)) for x in idx)
         k = Knobs(axes[0][i], axes[1][j], axes[2][m])
         key = (k.max_num_batched_tokens, k.max_num_seqs, k.gpu_memory_utilization)
         if key not in cache:
@@ -198,19 +203,22 @@ def search(
                 cache[key] = (math.inf, None)
             else:
                 p = model.predict(k, workload, calibration)
-                if not p.feasible:
-                    cache[key] = (math.inf, p)
+                # Most capacity first; among near-equals, the smallest move (fewer surprises).
+                move = (
+                    abs(k.max_num_batched_tokens - applied.max_num_batched_tokens)
+                    / max(1.0, bounds.mnbt.max_step)
+                    + abs(k.max_num_seqs - applied.max_num_seqs) / max(1.0, bounds.mns.max_step)
+                    + abs(k.gpu_memory_utilization - applied.gpu_memory_utilization)
+                    / max(1e-3, bounds.gmu.max_step)
+                )
+                if p.feasible:
+                    cache[key] = (-p.capacity_rps * (1.0 - 1e-3 * move) - 1e-9, p)
+                elif slo_violated and math.isfinite(p.slo_ratio):
+                    # No candidate may meet the SLO within one step: then the one that comes
+                    # closest (positive scores always lose to feasible ones).
+                    cache[key] = (p.slo_ratio * (1.0 + 1e-3 * move), p)
                 else:
-                    # Most capacity first; among near-equals, the smallest move (fewer surprises).
-                    move = (
-                        abs(k.max_num_batched_tokens - applied.max_num_batched_tokens)
-                        / max(1.0, bounds.mnbt.max_step)
-                        + abs(k.max_num_seqs - applied.max_num_seqs)
-                        / max(1.0, bounds.mns.max_step)
-                        + abs(k.gpu_memory_utilization - applied.gpu_memory_utilization)
-                        / max(1e-3, bounds.gmu.max_step)
-                    )
-                    cache[key] = (-p.capacity_rps * (1.0 - 1e-3 * move), p)
+                    cache[key] = (math.inf, p)
         return cache[key][0]
 
     ranges = tuple(slice(0, len(a), 1) for a in axes)
@@ -219,7 +227,7 @@ def search(
         best_idx = np.zeros(3)
     else:
         best_idx = np.atleast_1d(brute(score, ranges, finish=None))
-    i, j, m = (int(round(float(x))) for x in best_idx)
+    i, j, m = (round(float(x)) for x in best_idx)
     best = Knobs(axes[0][i], axes[1][j], axes[2][m])
     key = (best.max_num_batched_tokens, best.max_num_seqs, best.gpu_memory_utilization)
     best_score, best_pred = cache[key]
@@ -246,11 +254,26 @@ def search(
             None, best_pred, current, 0.0, False,
             f"current knobs are the best of {evaluated} evaluated ({numbers})", evaluated,
         )  # fmt: skip
-    if slo_violated:
+    if slo_violated and best_pred.feasible:
         return SearchResult(
             best, best_pred, current, gain, True,
             f"{best.describe()} is predicted to fix the SLO violation: {numbers}", evaluated,
         )  # fmt: skip
+    if not best_pred.feasible:
+        improvement = (
+            (current.slo_ratio - best_pred.slo_ratio) / current.slo_ratio * 100.0
+            if math.isfinite(current.slo_ratio) and current.slo_ratio > 0
+            else 100.0
+        )
+        text = (
+            f"{best.describe()} is predicted to bring the worst SLO target from "
+            f"{current.slo_ratio:.0%} to {best_pred.slo_ratio:.0%} of its threshold "
+            f"(the best one step can do; {numbers})"
+        )
+        worth = improvement >= min_gain_pct
+        if not worth:
+            text = f"best candidate improves the SLO by only {improvement:.1f}%: {text}"
+        return SearchResult(best, best_pred, current, gain, worth, text, evaluated)
     if gain >= min_gain_pct:
         return SearchResult(
             best, best_pred, current, gain, True, f"{best.describe()}: {numbers}", evaluated

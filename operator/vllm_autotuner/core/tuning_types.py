@@ -19,7 +19,14 @@ from zoneinfo import ZoneInfo
 
 Mode = Literal["Off", "Recommend", "Auto"]
 Phase = Literal[
-    "Idle", "Observing", "Candidate", "RollingOut", "Verifying", "Committed", "RolledBack", "Holding"
+    "Idle",
+    "Observing",
+    "Candidate",
+    "RollingOut",
+    "Verifying",
+    "Committed",
+    "RolledBack",
+    "Holding",
 ]
 Action = Literal["hold", "recommend", "rollout", "verify", "commit", "rollback"]
 TrialOutcome = Literal["Pending", "Committed", "RolledBack", "Crashed", "NotReady", "OOMKilled"]
@@ -456,7 +463,7 @@ class TuningState:
         return self.last_good.gpu_memory_utilization
 
     def with_trial(self, trial: Trial) -> TuningState:
-        trials = tuple(t for t in self.trials if t.id != trial.id) + (trial,)
+        trials = (*tuple(t for t in self.trials if t.id != trial.id), trial)
         trials = tuple(sorted(trials, key=lambda t: t.id))[-MAX_TRIALS:]
         return replace(self, trials=trials)
 

@@ -53,8 +53,9 @@ class FakeMetrics:
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
             f"vllm:num_requests_waiting{{{labels}}} {len(e.waiting)}",
-            "# HELP vllm:generation_tokens Number of generation tokens processed.",
-            "# TYPE vllm:generation_tokens counter",
+            # prometheus_client's text format names a counter's family with its _total suffix.
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{{{labels}}} {e.generation_tokens}",
             "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
             "# TYPE vllm:time_to_first_token_seconds histogram",
@@ -104,6 +105,8 @@ class FakeEngine:
         self.waiting: list[Request] = []
         self.running: dict[str, _Running] = {}
         self.finished: list[RequestRecord] = []
+        self.finished_log: list[RequestRecord] = []  # never popped, for tests to inspect
+        self.added: list[Request] = []
         self.step_end: float | None = None
         self.generation_tokens = 0
         self.ttft_bounds = (0.01, 0.05, 0.1, 0.5, 1.0)
@@ -113,6 +116,7 @@ class FakeEngine:
         self.steps = 0
 
     def add_request(self, request: Request) -> None:
+        self.added.append(request)
         self.waiting.append(request)
         if self.step_end is None:
             self._start_step(max(self.now, request.arrival_time))
@@ -132,7 +136,7 @@ class FakeEngine:
     def _finish(self, state: _Running, time: float, reason: str) -> None:
         times = state.token_times
         self.finished.append(
-            RequestRecord(
+            record := RequestRecord(
                 request_id=state.request.request_id,
                 arrival_time=state.request.arrival_time,
                 prompt_len=state.request.prompt_len,
@@ -145,6 +149,7 @@ class FakeEngine:
                 itl=[b - a for a, b in itertools.pairwise(times)] if self.record_itl else [],
             )
         )
+        self.finished_log.append(record)
 
     def _step(self, on_tokens: Callable[[list[TokenEvent]], None] | None) -> None:
         assert self.step_end is not None
@@ -181,7 +186,8 @@ class FakeEngine:
             raise EngineCrashed("CUDA out of memory (fake)")
         while self.step_end is not None and self.step_end <= t:
             self._step(on_tokens)
-        self.now = max(self.now, t)
+        if t != float("inf"):
+            self.now = max(self.now, t)
 
     def next_event_time(self) -> float | None:
         return self.step_end

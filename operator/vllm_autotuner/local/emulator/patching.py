@@ -153,7 +153,11 @@ def _merge_list(field: str, current: Any, patch: list[Any], *, strategic: bool) 
         if key not in item:
             raise PatchError(f"map in list {field!r} is missing its merge key {key!r}")
         index = next(
-            (i for i, old in enumerate(result) if isinstance(old, Mapping) and old.get(key) == item[key]),
+            (
+                i
+                for i, old in enumerate(result)
+                if isinstance(old, Mapping) and old.get(key) == item[key]
+            ),
             None,
         )
         if strategic and item.get("$patch") == "delete":
@@ -212,9 +216,9 @@ def json_patch(target: Any, operations: Any) -> Any:
     try:
         return jsonpatch.apply_patch(target, operations, in_place=False)
     except jsonpatch.JsonPatchTestFailed as exc:
-        raise PatchError(f"the server rejected our request due to an error in our request: {exc}")
+        raise PatchError(f"the server rejected our request: {exc}") from exc
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-        raise PatchError(f"the server rejected our request due to an error in our request: {exc}")
+        raise PatchError(f"the server rejected our request: {exc}") from exc
     except (TypeError, KeyError, IndexError, ValueError) as exc:
         raise PatchError(f"invalid JSON patch: {exc}") from exc
 
@@ -236,4 +240,35 @@ def fields_v1(obj: Any) -> dict[str, Any]:
             result[f"f:{key}"] = entries
         else:
             result[f"f:{key}"] = {}
+    return result
+
+
+def disown_changed(applied: Any, live: Any) -> Any:
+    """What a manager still owns after someone else wrote the object.
+
+    A field whose live value no longer equals what the manager applied was taken over by the
+    other writer (server-side apply moves ownership to whoever last set a value), so a later
+    apply that omits it must not delete it.
+    """
+    if not isinstance(applied, Mapping) or not isinstance(live, Mapping):
+        return applied if applied == live else None
+    result: dict[str, Any] = {}
+    for key, value in applied.items():
+        if key not in live:
+            continue
+        current = live[key]
+        if isinstance(value, Mapping):
+            kept = disown_changed(value, current)
+            if kept is not None:
+                result[key] = kept
+        elif isinstance(value, list) and (merge_key := _merge_key(key, value)) is not None:
+            by_key = {i.get(merge_key): i for i in current or [] if isinstance(i, Mapping)}
+            items = []
+            for item in value:
+                if isinstance(item, Mapping) and item.get(merge_key) in by_key:
+                    kept = disown_changed(item, by_key[item.get(merge_key)])
+                    items.append({**(kept or {}), merge_key: item[merge_key]})
+            result[key] = items
+        elif value == current:
+            result[key] = value
     return result

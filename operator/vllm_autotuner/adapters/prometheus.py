@@ -1,0 +1,543 @@
+"""Read one Snapshot per VLLMDeployment from Prometheus, for every deployment in one cycle.
+
+The operator asks for all its deployments at once (`PrometheusSource.snapshots`), so the number
+of HTTP queries per cycle is (#signals x #distinct windows), never the number of deployments:
+the query text and the assembly live in `adapters.promql` (pure); this module only moves bytes.
+
+Two transports share that code: aiohttp for the operator (it runs in kopf's event loop), and
+prometheus-api-client for the synchronous `vllm-autotuner recommend` CLI.
+
+Failure is data, not an exception: a dead or slow Prometheus (bounded by `timeout_s`), an HTTP
+error, an empty answer or a NaN turns into `Snapshot.unavailable(reason)` for the deployments it
+touches, or into a None field, so one bad cycle never crashes a reconcile. The bearer token is
+read from its file on every request (projected service-account tokens rotate) and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import aiohttp
+
+from vllm_autotuner.adapters.promql import (
+    DISCOVERY_MATCH,
+    REQUIRED_SIGNAL,
+    MetricNames,
+    QueryFailure,
+    QueryOutcome,
+    Selector,
+    SnapshotTarget,
+    assemble,
+    build_queries,
+    discovery_query_for_targets,
+    effective_window,
+    parse_vector,
+    resolve_names,
+)
+from vllm_autotuner.core.snapshot import Snapshot
+from vllm_autotuner.core.tuning_types import SLOTarget
+
+__all__ = [
+    "PrometheusError",
+    "PrometheusQueryError",
+    "PrometheusSource",
+    "PrometheusUnreachable",
+    "SnapshotTarget",
+]
+
+log = logging.getLogger(__name__)
+
+# How far back name discovery looks: long enough to see every live exporter, short enough that
+# names of a vLLM version replaced days ago no longer win.
+DISCOVERY_LOOKBACK = timedelta(hours=1)
+
+
+class PrometheusError(Exception):
+    """Prometheus could not answer (base class; messages never contain credentials)."""
+
+
+class PrometheusUnreachable(PrometheusError):
+    """No HTTP answer in time: connection refused, DNS, TLS, timeout, or a 5xx from a proxy."""
+
+
+class PrometheusQueryError(PrometheusError):
+    """Prometheus answered but refused the request (bad query, 4xx, unreadable token)."""
+
+
+class _Transport(Protocol):
+    async def query(self, expr: str, at: float) -> Any: ...
+
+    async def label_values(self, label: str, match: str, start: float, end: float) -> Any: ...
+
+
+def _error_text(body: Any, status: int) -> str:
+    if isinstance(body, dict) and body.get("error"):
+        return f"HTTP {status}: {body.get('errorType', 'error')}: {body['error']}"
+    return f"HTTP {status}"
+
+
+class _AiohttpTransport:
+    """POST form queries: a batched pod regex can be far longer than a URL should be."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        timeout_s: float,
+        headers: Callable[[], dict[str, str]],
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        self._session = session
+        self._url = url
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._server_timeout = f"{max(1.0, timeout_s):.0f}s"
+        self._headers = headers
+        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+
+    async def _call(self, method: str, path: str, form: list[tuple[str, str]]) -> Any:
+        headers = self._headers()
+        try:
+            async with self._session.request(
+                method,
+                f"{self._url}{path}",
+                data=form if method == "POST" else None,
+                params=form if method == "GET" else None,
+                headers=headers,
+                timeout=self._timeout,
+                ssl=self._ssl,
+            ) as resp:
+                status = resp.status
+                try:
+                    body = await resp.json(content_type=None)
+                except (aiohttp.ContentTypeError, ValueError):
+                    body = None
+        except TimeoutError as exc:
+            raise PrometheusUnreachable(
+                f"no answer within {self._timeout.total:g}s ({type(exc).__name__})"
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise PrometheusUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        if status >= 500 and not (isinstance(body, dict) and body.get("status") == "error"):
+            raise PrometheusUnreachable(_error_text(body, status))
+        if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            raise PrometheusQueryError(_error_text(body, status))
+        return body.get("data")
+
+    async def query(self, expr: str, at: float) -> Any:
+        form = [("query", expr), ("time", f"{at:.3f}"), ("timeout", self._server_timeout)]
+        data = await self._call("POST", "/api/v1/query", form)
+        return data.get("result") if isinstance(data, dict) else None
+
+    async def label_values(self, label: str, match: str, start: float, end: float) -> Any:
+        form = [("match[]", match), ("start", f"{start:.3f}"), ("end", f"{end:.3f}")]
+        return await self._call("GET", f"/api/v1/label/{label}/values", form)
+
+
+class _ApiClientTransport:
+    """prometheus-api-client (requests) in worker threads, for the synchronous CLI path."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float,
+        headers: Callable[[], dict[str, str]],
+        ca_file: str | None,
+    ) -> None:
+        import requests
+        from prometheus_api_client import PrometheusConnect
+        from urllib3.util.retry import Retry
+
+        session = requests.Session()
+        if ca_file is not None:
+            session.verify = ca_file
+        # No retries: a cycle is retried by the next reconcile, and retries would break the
+        # timeout_s bound the caller relies on.
+        self._pc = PrometheusConnect(
+            url=url, session=session, retry=Retry(total=0), timeout=timeout_s, method="POST"
+        )
+        self._timeout = timeout_s
+        self._headers = headers
+        self._requests_errors: tuple[type[BaseException], ...] = (
+            requests.exceptions.ConnectionError,
+            requests.exceptions.Timeout,
+        )
+
+    async def _run(self, fn: Callable[[], Any]) -> Any:
+        from prometheus_api_client.exceptions import PrometheusApiClientException
+
+        def call() -> Any:
+            self._pc.headers = self._headers()
+            return fn()
+
+        try:
+            return await asyncio.to_thread(call)
+        except self._requests_errors as exc:
+            raise PrometheusUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        except PrometheusApiClientException as exc:
+            text = str(exc)
+            if "HTTP Status Code 5" in text:
+                raise PrometheusUnreachable(text[:300]) from exc
+            raise PrometheusQueryError(text[:300]) from exc
+        except (ValueError, KeyError, TypeError) as exc:  # a non-JSON or odd answer
+            raise PrometheusQueryError(f"unexpected answer: {type(exc).__name__}") from exc
+
+    async def query(self, expr: str, at: float) -> Any:
+        params = {"time": f"{at:.3f}", "timeout": f"{max(1.0, self._timeout):.0f}s"}
+        return await self._run(lambda: self._pc.custom_query(expr, params=params))
+
+    async def label_values(self, label: str, match: str, start: float, end: float) -> Any:
+        params = {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"}
+        return await self._run(lambda: self._pc.get_label_values(label, params=params))
+
+
+class PrometheusSource:
+    """Snapshots for many deployments per cycle, with a bounded number of queries.
+
+    `rate_scale` is the virtual seconds per wall second of a simulated fleet (vllm-sim
+    --sim-time-scale): rates PromQL computes per wall second are divided by it; latencies are
+    recorded in virtual seconds already and are left alone. 1.0 for real vLLM.
+
+    `min_window_s` is the shortest window worth judging (at least two scrape intervals; a
+    minute by default), `window_grid_s` the granularity windows are rounded down to, so that
+    deployments of similar age share queries. `last_cycle_queries` counts the HTTP requests of
+    the latest cycle (discovery included), `total_queries` all of them.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 10,
+        bearer_token_file: str | None = None,
+        ca_file: str | None = None,
+        rate_scale: float = 1.0,
+        min_window_s: float = 60.0,
+        window_grid_s: float = 15.0,
+        rediscover_every_s: float = 600.0,
+        rediscover_on_empty_s: float = 30.0,
+        max_concurrency: int = 8,
+        namespace_label: str = "namespace",
+        pod_label: str = "pod",
+    ) -> None:
+        if rate_scale <= 0:
+            raise ValueError("rate_scale must be positive")
+        self.url = url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self.bearer_token_file = bearer_token_file
+        self.ca_file = ca_file
+        self.rate_scale = float(rate_scale)
+        self.min_window_s = float(min_window_s)
+        self.window_grid_s = float(window_grid_s)
+        self.rediscover_every_s = float(rediscover_every_s)
+        self.rediscover_on_empty_s = float(rediscover_on_empty_s)
+        self.max_concurrency = max(1, int(max_concurrency))
+        self.namespace_label = namespace_label
+        self.pod_label = pod_label
+        self.names: MetricNames | None = None
+        self._discovered_at: float | None = None  # time.monotonic()
+        self._names_suspect = False
+        self.last_cycle_queries = 0
+        self.total_queries = 0
+        self._cycle_queries = 0
+
+    # ------------------------------------------------------------------------ public API
+
+    async def snapshots(
+        self, targets: Sequence[SnapshotTarget], now: datetime
+    ) -> dict[tuple[str, str], Snapshot]:
+        """One Snapshot per target, keyed by (namespace, name); never raises for I/O trouble."""
+        try:
+            async with self._session() as transport:
+                return await self._cycle(transport, targets, now)
+        except (OSError, ssl.SSLError, ValueError) as exc:  # e.g. an unreadable CA bundle
+            log.warning("cannot query Prometheus at %s: %s", self.url, exc)
+            reason = f"cannot query Prometheus at {self.url}: {type(exc).__name__}: {exc}"
+            return {t.key: Snapshot.unavailable(now, t.window_s, reason) for t in targets}
+
+    def snapshots_sync(
+        self, targets: Sequence[SnapshotTarget], now: datetime | None = None
+    ) -> dict[tuple[str, str], Snapshot]:
+        """`snapshots` through prometheus-api-client, for callers without an event loop."""
+        when = now or datetime.now(UTC)
+        return asyncio.run(self._cycle(self._api_client(), targets, when))
+
+    async def discover_targets(
+        self,
+        namespace: str | None = None,
+        pod_regex: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        *,
+        window_s: float = 300.0,
+        slo: tuple[SLOTarget | None, SLOTarget | None, SLOTarget | None] = (None, None, None),
+        now: datetime | None = None,
+    ) -> list[SnapshotTarget]:
+        """vLLM pods Prometheus saw lately, one target per (namespace, served model).
+
+        For `recommend` without a Kubernetes API: pods, revision and knobs are unknown, so
+        `since`, `knobs` and `revision` are None. Raises PrometheusError when Prometheus cannot
+        answer (a CLI wants to say so, not to print nothing).
+        """
+        async with self._session() as transport:
+            return await self._discover_targets(
+                transport, namespace, pod_regex, labels, window_s, slo, now
+            )
+
+    def discover_targets_sync(
+        self,
+        namespace: str | None = None,
+        pod_regex: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        *,
+        window_s: float = 300.0,
+        slo: tuple[SLOTarget | None, SLOTarget | None, SLOTarget | None] = (None, None, None),
+        now: datetime | None = None,
+    ) -> list[SnapshotTarget]:
+        return asyncio.run(
+            self._discover_targets(
+                self._api_client(), namespace, pod_regex, labels, window_s, slo, now
+            )
+        )
+
+    # ------------------------------------------------------------------------- transports
+
+    def _headers(self) -> dict[str, str]:
+        if self.bearer_token_file is None:
+            return {}
+        try:
+            with open(self.bearer_token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise PrometheusQueryError(
+                f"cannot read bearer token file {self.bearer_token_file}: {exc.strerror}"
+            ) from None
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.ca_file is None or not self.url.startswith("https:"):
+            return None
+        return ssl.create_default_context(cafile=self.ca_file)
+
+    def _session(self) -> _SessionScope:
+        return _SessionScope(self)
+
+    def _api_client(self) -> _ApiClientTransport:
+        return _ApiClientTransport(self.url, self.timeout_s, self._headers, self.ca_file)
+
+    async def _counted(self, call: Awaitable[Any]) -> Any:
+        self._cycle_queries += 1
+        self.total_queries += 1
+        return await call
+
+    # ------------------------------------------------------------------------------ cycle
+
+    async def _discover(self, transport: _Transport, now: datetime) -> MetricNames:
+        start = (now - DISCOVERY_LOOKBACK).timestamp()
+        data = await self._counted(
+            transport.label_values("__name__", DISCOVERY_MATCH, start, now.timestamp())
+        )
+        available = [str(n) for n in data] if isinstance(data, list) else []
+        names = resolve_names(available)
+        if self.names is None or dict(names.names) != dict(self.names.names):
+            log.info("Prometheus %s: vLLM metric names %s", self.url, dict(names.names))
+        self.names = names
+        self._discovered_at = time.monotonic()
+        self._names_suspect = False
+        return names
+
+    def _discovery_due(self) -> bool:
+        if self.names is None or self._discovered_at is None:
+            return True
+        age = time.monotonic() - self._discovered_at
+        if age >= self.rediscover_every_s:
+            return True
+        if not self.names.get(REQUIRED_SIGNAL) or self._names_suspect:
+            return age >= self.rediscover_on_empty_s
+        return False
+
+    async def _names_for_cycle(self, transport: _Transport, now: datetime) -> MetricNames:
+        if self._discovery_due() or self.names is None:
+            try:
+                return await self._discover(transport, now)
+            except PrometheusQueryError:
+                if self.names is not None:  # keep the names we had; try again next time
+                    return self.names
+                raise
+        return self.names
+
+    async def _cycle(
+        self, transport: _Transport, targets: Sequence[SnapshotTarget], now: datetime
+    ) -> dict[tuple[str, str], Snapshot]:
+        self._cycle_queries = 0
+        try:
+            return await self._cycle_inner(transport, targets, now)
+        finally:
+            self.last_cycle_queries = self._cycle_queries
+
+    async def _cycle_inner(
+        self, transport: _Transport, targets: Sequence[SnapshotTarget], now: datetime
+    ) -> dict[tuple[str, str], Snapshot]:
+        out: dict[tuple[str, str], Snapshot] = {}
+        groups: dict[int, list[SnapshotTarget]] = {}
+        for t in targets:
+            if not t.pods:
+                out[t.key] = Snapshot.unavailable(
+                    now, t.window_s, "no ready pods of the current revision"
+                )
+                continue
+            window, why = effective_window(t, now, self.window_grid_s, self.min_window_s)
+            if why is not None:
+                out[t.key] = Snapshot.unavailable(now, t.window_s, why)
+                continue
+            groups.setdefault(window, []).append(t)
+        if not groups:
+            return out
+
+        def fail_all(reason: str) -> dict[tuple[str, str], Snapshot]:
+            for w, ts in groups.items():
+                for t in ts:
+                    out[t.key] = Snapshot.unavailable(now, w, reason)
+            return out
+
+        try:
+            names = await self._names_for_cycle(transport, now)
+        except PrometheusUnreachable as exc:
+            log.warning("Prometheus unreachable at %s: %s", self.url, exc)
+            return fail_all(f"Prometheus unreachable at {self.url}: {exc}")
+        except PrometheusQueryError as exc:
+            return fail_all(f"Prometheus at {self.url} refused the metric name lookup: {exc}")
+        if not names.get(REQUIRED_SIGNAL):
+            return fail_all(
+                f"no vllm metrics in Prometheus at {self.url} in the last "
+                f"{DISCOVERY_LOOKBACK.total_seconds() / 3600:g}h (looked for vllm:* and vllm_*)"
+            )
+
+        jobs: list[tuple[int, str, str]] = []
+        for window, ts in groups.items():
+            sel = Selector(
+                namespaces=tuple(sorted({t.namespace for t in ts})),
+                pods=tuple(sorted({p for t in ts for p in t.pods})),
+                namespace_label=self.namespace_label,
+                pod_label=self.pod_label,
+            )
+            for key, expr in build_queries(names, sel, window).items():
+                jobs.append((window, key, expr))
+        results = await self._run_queries(transport, [expr for _, _, expr in jobs], now)
+        outcomes: dict[int, dict[str, QueryOutcome]] = {}
+        for (window, key, _), outcome in zip(jobs, results, strict=True):
+            outcomes.setdefault(window, {})[key] = outcome
+
+        for window, ts in groups.items():
+            for t in ts:
+                snap = assemble(
+                    t,
+                    now,
+                    window,
+                    outcomes.get(window, {}),
+                    rate_scale=self.rate_scale,
+                    namespace_label=self.namespace_label,
+                    pod_label=self.pod_label,
+                )
+                if not snap.available and snap.reason.startswith("no vllm metrics"):
+                    self._names_suspect = True  # maybe renamed or re-escaped: look again soon
+                out[t.key] = snap
+        return out
+
+    async def _run_queries(
+        self, transport: _Transport, exprs: Sequence[str], now: datetime
+    ) -> list[QueryOutcome]:
+        """All queries concurrently (bounded); after the first sign of a dead server the rest
+        are skipped, so a cycle against a dead Prometheus costs about one timeout_s."""
+        sem = asyncio.Semaphore(self.max_concurrency)
+        dead: list[str] = []
+        at = now.timestamp()
+
+        async def one(expr: str) -> QueryOutcome:
+            async with sem:
+                if dead:
+                    return QueryFailure(dead[0], unreachable=True)
+                try:
+                    result = await self._counted(transport.query(expr, at))
+                except PrometheusUnreachable as exc:
+                    message = f"Prometheus unreachable at {self.url}: {exc}"
+                    if not dead:
+                        log.warning("%s", message)
+                        dead.append(message)
+                    return QueryFailure(message, unreachable=True)
+                except PrometheusQueryError as exc:
+                    log.warning("Prometheus query failed: %s (%s)", exc, expr[:200])
+                    return QueryFailure(f"Prometheus query failed: {exc}")
+                return parse_vector(result)
+
+        return list(await asyncio.gather(*(one(e) for e in exprs)))
+
+    async def _discover_targets(
+        self,
+        transport: _Transport,
+        namespace: str | None,
+        pod_regex: str | None,
+        labels: Mapping[str, str] | None,
+        window_s: float,
+        slo: tuple[SLOTarget | None, SLOTarget | None, SLOTarget | None],
+        now: datetime | None,
+    ) -> list[SnapshotTarget]:
+        when = now or datetime.now(UTC)
+        names = await self._discover(transport, when)
+        running = names.get("running")
+        if running is None:
+            return []
+        expr = discovery_query_for_targets(
+            running,
+            namespace,
+            pod_regex,
+            labels,
+            int(max(1.0, window_s)),
+            self.namespace_label,
+            self.pod_label,
+        )
+        samples = parse_vector(await self._counted(transport.query(expr, when.timestamp())))
+        grouped: dict[tuple[str, str], set[str]] = {}
+        for s in samples:
+            ns = s.labels.get(self.namespace_label, "")
+            pod = s.labels.get(self.pod_label, "")
+            if pod:
+                grouped.setdefault((ns, s.labels.get("model_name", "")), set()).add(pod)
+        return [
+            SnapshotTarget(
+                namespace=ns,
+                name=model or "vllm",
+                pods=tuple(sorted(pods)),
+                since=None,
+                knobs=None,
+                revision=None,
+                window_s=window_s,
+                slo=slo,
+                model_name=model or None,
+            )
+            for (ns, model), pods in sorted(grouped.items())
+        ]
+
+
+class _SessionScope:
+    """One aiohttp session per cycle: the operator's loop owns nothing between cycles, so no
+    session outlives a loop (kopf restarts, tests with a loop per test)."""
+
+    def __init__(self, source: PrometheusSource) -> None:
+        self._source = source
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> _AiohttpTransport:
+        src = self._source
+        self._session = aiohttp.ClientSession()
+        return _AiohttpTransport(
+            self._session, src.url, src.timeout_s, src._headers, src._ssl_context()
+        )
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()

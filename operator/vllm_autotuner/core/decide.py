@@ -1,0 +1,382 @@
+"""decide(): one pure step of the tuning loop.
+
+Given what the tuner remembers (TuningState), what it sees now (Observation), the policy and
+the clock, return what to do and the state to remember. The operator applies
+`knobs_to_apply` (rendering the Deployment from `new_state.applied`), patches status with
+`new_state.to_dict()` and emits `events`. Everything that could make a change unsafe is checked
+here, in one place, so the property tests can hold decide() to the safety rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
+from vllm_autotuner.core.perf_model import Calibration, PerformanceModel, Prediction, Workload
+from vllm_autotuner.core.rollout import (
+    PodFailure,
+    judge,
+    measure,
+    pod_failure,
+    roll_day,
+    rollout_blocker,
+    rollout_progress,
+)
+from vllm_autotuner.core.search import search
+from vllm_autotuner.core.snapshot import Observation, Snapshot
+from vllm_autotuner.core.tuning_types import (
+    Action,
+    DecisionRecord,
+    DeploymentContext,
+    Event,
+    InfeasibleConfig,
+    InfeasibleKind,
+    Knobs,
+    Phase,
+    Predicted,
+    Recommendation,
+    Trial,
+    TrialOutcome,
+    TuningPolicy,
+    TuningState,
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    new_state: TuningState
+    knobs_to_apply: Knobs | None = None
+    events: tuple[Event, ...] = ()
+    diagnosis: Diagnosis | None = None
+    prediction: Prediction | None = None
+
+
+def decide(
+    state: TuningState,
+    obs: Observation,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    now: datetime,
+    model: PerformanceModel,
+) -> Decision:
+    state = roll_day(state, now)
+    if policy.mode == "Off":
+        phase: Phase = state.phase if state.phase in ("RollingOut", "Verifying") else "Idle"
+        return _done(
+            replace(state, phase=phase),
+            now,
+            "hold",
+            f"mode Off: tuning disabled; running {state.applied.describe()}",
+        )
+    if state.phase in ("RollingOut", "Verifying"):
+        if policy.mode != "Auto":
+            return _done(
+                state,
+                now,
+                "hold",
+                f"mode {policy.mode}: trial of {_cand(state)} left as is, not supervised; "
+                "switch back to Auto to verify it",
+            )
+        return _supervise(state, obs, policy, ctx, now, model)
+    return _steady(state, obs, policy, ctx, now, model)
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def _cand(state: TuningState) -> str:
+    return "none" if state.candidate is None else state.candidate.describe()
+
+
+def _done(
+    state: TuningState,
+    now: datetime,
+    action: Action,
+    reason: str,
+    knobs: Knobs | None = None,
+    events: tuple[Event, ...] = (),
+    diagnosis: Diagnosis | None = None,
+    prediction: Prediction | None = None,
+) -> Decision:
+    new_state = replace(state, last_decision=DecisionRecord(now, action, reason))
+    return Decision(action, reason, new_state, knobs, events, diagnosis, prediction)
+
+
+def _rollback(
+    state: TuningState,
+    now: datetime,
+    outcome: TrialOutcome,
+    kind: InfeasibleKind | None,
+    reason: str,
+    measured_state: TuningState | None = None,
+) -> Decision:
+    cand = state.candidate
+    trial = state.current_trial()
+    s = measured_state or state
+    if trial is not None:
+        s = s.with_trial(replace(trial, ended_at=now, outcome=outcome, reason=reason))
+    if kind is not None and cand is not None:
+        s = s.with_infeasible(InfeasibleConfig(cand, reason, now, kind))
+    s = replace(
+        s,
+        applied=state.last_good,
+        candidate=None,
+        phase="RolledBack",
+        rollout_started_at=None,
+        verify_until=None,
+    )
+    text = f"rolled back to {state.last_good.describe()}: {reason}"
+    event = Event("Warning", "TuningRolledBack", text)
+    return _done(s, now, "rollback", text, state.last_good, (event,))
+
+
+# ------------------------------------------------------------------------------ supervision
+
+
+def _supervise(
+    state: TuningState,
+    obs: Observation,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    now: datetime,
+    model: PerformanceModel,
+) -> Decision:
+    cand = state.candidate
+    rules = policy.rollout
+    if cand is None:
+        return _done(
+            replace(state, phase="Observing", applied=state.last_good),
+            now,
+            "hold",
+            f"{state.phase} without a candidate; back to observing {state.last_good.describe()}",
+        )
+    failure: PodFailure | None = pod_failure(obs.pods, cand)
+    if failure is not None:
+        return _rollback(state, now, failure.outcome, failure.kind, failure.reason)
+
+    if state.phase == "RollingOut":
+        started = state.rollout_started_at or now
+        ready, complete = rollout_progress(obs.pods, cand, ctx.replicas)
+        elapsed = (now - started).total_seconds()
+        if complete:
+            until = now + timedelta(seconds=rules.verify_window_s)
+            text = (
+                f"rollout of {cand.describe()} complete: {ready}/{ctx.replicas} pods ready "
+                f"after {elapsed:.0f} s; verifying for {rules.verify_window_s:.0f} s"
+            )
+            return _done(
+                replace(state, phase="Verifying", verify_until=until),
+                now,
+                "verify",
+                text,
+                events=(Event("Normal", "RolloutReady", text),),
+            )
+        if elapsed > rules.ready_timeout_s:
+            return _rollback(
+                state,
+                now,
+                "NotReady",
+                "NotReady",
+                f"{ready}/{ctx.replicas} pods ready after {elapsed:.0f} s "
+                f"(readyTimeout {rules.ready_timeout_s:.0f} s)",
+            )
+        return _done(
+            state,
+            now,
+            "hold",
+            f"rolling out {cand.describe()}: {ready}/{ctx.replicas} pods ready after "
+            f"{elapsed:.0f} s (readyTimeout {rules.ready_timeout_s:.0f} s)",
+        )
+
+    # Verifying
+    until = state.verify_until or now
+    if now < until:
+        return _done(
+            state,
+            now,
+            "verify",
+            f"verifying {cand.describe()}: {(until - now).total_seconds():.0f} s of "
+            f"{rules.verify_window_s:.0f} s left",
+        )
+    snap = obs.snapshot
+    problem = _unusable(snap, cand, policy)
+    if problem is not None:
+        grace_end = until + timedelta(seconds=rules.verify_window_s)
+        if now < grace_end:
+            return _done(
+                state,
+                now,
+                "verify",
+                f"verification of {cand.describe()} waits for data: {problem} "
+                f"(gives up in {(grace_end - now).total_seconds():.0f} s)",
+            )
+        return _rollback(
+            state, now, "RolledBack", None, f"could not verify {cand.describe()}: {problem}"
+        )
+
+    workload = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
+    cal = model.calibrate(snap, cand, ctx, workload, _prior(state))
+    pred = model.predict(cand, workload, cal)
+    measured = measure(snap, policy.slo, pred.capacity_rps)
+    previous_ok: bool | None = None
+    if state.baseline is not None:
+        raw = replace(workload, safety_margin=1.0)
+        previous_ok = model.predict(state.last_good, raw, cal).meets_slo
+    verdict = judge(snap, policy.slo, state.baseline, previous_ok)
+    trial = state.current_trial()
+    if not verdict.keep:
+        measured_state = replace(state, calibration=state.calibration)
+        if trial is not None:
+            measured_state = measured_state.with_trial(replace(trial, measured=measured))
+        return _rollback(state, now, "RolledBack", "Regression", verdict.reason, measured_state)
+    s = state
+    if trial is not None:
+        s = s.with_trial(
+            replace(
+                trial, ended_at=now, outcome="Committed", reason=verdict.reason, measured=measured
+            )
+        )
+    s = replace(
+        s,
+        applied=cand,
+        last_good=cand,
+        candidate=None,
+        phase="Committed",
+        rollout_started_at=None,
+        verify_until=None,
+        stable_gpu_memory_utilization=max(state.stable_gmu(), cand.gpu_memory_utilization),
+        baseline=measured,
+        calibration=cal.to_dict(),
+    )
+    text = (
+        f"committed {cand.describe()}: {verdict.reason}; predicted capacity "
+        f"{pred.capacity_rps:.2f} req/s/pod"
+    )
+    return _done(
+        s, now, "commit", text, events=(Event("Normal", "TuningCommitted", text),), prediction=pred
+    )
+
+
+def _prior(state: TuningState) -> Calibration | None:
+    return Calibration.from_dict(state.calibration) if state.calibration else None
+
+
+def _unusable(snap: Snapshot, knobs: Knobs, policy: TuningPolicy) -> str | None:
+    """Why this snapshot cannot be judged (None when it can)."""
+    if not snap.available:
+        return (
+            f"metrics unavailable for the last {snap.window_s:.0f} s: "
+            f"{snap.reason or 'no reason given'}"
+        )
+    if snap.knobs is None or not snap.knobs.same_as(knobs):
+        seen = "unknown knobs" if snap.knobs is None else snap.knobs.describe()
+        return f"window observed under {seen}, not the applied {knobs.describe()} (mixed revisions)"
+    if snap.completed_requests < policy.min_requests_per_window:
+        return (
+            f"not enough data: {snap.completed_requests} of {policy.min_requests_per_window} "
+            f"requests in {snap.window_s:.0f} s"
+        )
+    return None
+
+
+# ---------------------------------------------------------------------------- steady state
+
+
+def _steady(
+    state: TuningState,
+    obs: Observation,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    now: datetime,
+    model: PerformanceModel,
+) -> Decision:
+    applied = state.applied
+    snap = obs.snapshot
+    failing = pod_failure(obs.pods, applied)
+    if failing is not None:
+        text = f"pods of the applied configuration are failing: {failing.reason}; holding"
+        return _done(
+            replace(state, phase="Holding"),
+            now,
+            "hold",
+            text,
+            events=(Event("Warning", "TunedPodsFailing", text),),
+        )
+    problem = _unusable(snap, applied, policy)
+    if problem is not None:
+        return _done(replace(state, phase="Holding"), now, "hold", problem)
+
+    workload = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
+    cal = model.calibrate(snap, applied, ctx, workload, _prior(state))
+    current = model.predict(applied, workload, cal)
+    diag = diagnose(snap, policy.slo, applied, policy.min_requests_per_window)
+    s = replace(state, calibration=cal.to_dict())
+    if applied.same_as(state.last_good):
+        s = replace(s, baseline=measure(snap, policy.slo, current.capacity_rps))
+    if diag.kind == "idle":
+        return _done(
+            replace(s, phase="Idle", recommendation=None),
+            now,
+            "hold",
+            f"idle: {diag.evidence}",
+            diagnosis=diag,
+            prediction=current,
+        )
+    res = search(
+        applied=applied,
+        bounds=policy.bounds,
+        model=model,
+        workload=workload,
+        calibration=cal,
+        diagnosis=diag,
+        infeasible=state.infeasible,
+        stable_gmu=state.stable_gmu(),
+        gmu_rise_step=policy.gmu_rise_step,
+        min_gain_pct=policy.min_gain_pct,
+        slo_violated=diag.violates_slo,
+    )
+    summary = f"{diag.kind}: {diag.evidence}; {res.reason}"
+    if not res.worth_rollout or res.best is None or res.prediction is None:
+        return _done(
+            replace(s, phase="Observing", recommendation=None),
+            now,
+            "hold",
+            summary,
+            diagnosis=diag,
+            prediction=res.prediction or current,
+        )
+    best, pred = res.best, res.prediction
+    rec = Recommendation(
+        knobs=best,
+        reason=summary,
+        predicted=Predicted(pred.capacity_rps, pred.ttft_ms, pred.itl_ms),
+        gain_pct=min(res.gain_pct, 1e6),
+        time=now,
+    )
+    changed = state.recommendation is None or not state.recommendation.knobs.same_as(best)
+    s = replace(s, phase="Candidate", recommendation=rec)
+    if policy.mode == "Recommend":
+        text = f"recommend {summary}"
+        events = (Event("Normal", "TuningRecommendation", text),) if changed else ()
+        return _done(s, now, "recommend", text, None, events, diag, pred)
+    blocker = rollout_blocker(s, policy.rollout, now)
+    if blocker is not None:
+        return _done(s, now, "hold", f"{summary}; rollout waits: {blocker}", None, (), diag, pred)
+    trial = Trial(id=s.next_trial_id(), knobs=best, started_at=now)
+    s = replace(
+        s.with_trial(trial),
+        applied=best,
+        candidate=best,
+        phase="RollingOut",
+        rollout_started_at=now,
+        verify_until=None,
+        last_rollout_at=now,
+        rollouts_today=s.rollouts_today + 1,
+    )
+    text = f"rollout {best.describe()} (trial {trial.id}, from {applied.describe()}): {summary}"
+    return _done(
+        s, now, "rollout", text, best, (Event("Normal", "RolloutStarted", text),), diag, pred
+    )

@@ -1,0 +1,7 @@
+"""Deployments become vllm-sim processes: the kubelet and Deployment controller of the local
+cluster (see `runner.py` for what it emulates and where it differs on purpose)."""
+
+from vllm_autotuner.local.runner.container import SIM_COMMAND
+from vllm_autotuner.local.runner.runner import PORT_ANNOTATION, PodRunner, RunnerConfig
+
+__all__ = ["PORT_ANNOTATION", "SIM_COMMAND", "PodRunner", "RunnerConfig"]

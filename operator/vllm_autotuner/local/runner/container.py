@@ -1,0 +1,189 @@
+"""One container of one pod as a local process: command mapping, spawning, stopping, exit reasons.
+
+A pod template says `vllm serve MODEL --port 8000 ...`; on this machine that becomes
+`python -m vllm_sim.cli serve MODEL ...` on a free loopback port, because every pod shares one
+network namespace here. Each process gets its own session (process group), so stopping a pod
+also stops anything it spawned, and nothing outlives the runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The simulator's entry point; a different one (real vLLM, a stand-in) can be configured.
+SIM_COMMAND: tuple[str, ...] = (sys.executable, "-m", "vllm_sim.cli", "serve")
+
+# Markers of a CUDA OOM in vLLM's (and vllm-sim's) log: a run-time OOM kills the engine process.
+OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
+# ... but an OOM while the engine initialises (the model does not fit) is a configuration error
+# that vLLM reports and exits 1 on: the kubelet calls that "Error", and so do we.
+STARTUP_FAILURE_MARKERS = ("Engine core initialization failed", "EngineCore failed to start")
+# 128 + SIGKILL: what the kernel OOM killer leaves as the container's exit code.
+OOM_EXIT_CODE = 137
+
+
+class UnsupportedCommand(ValueError):
+    """The container does not run `vllm serve` (the only program this runner can start)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _is_vllm(program: str) -> bool:
+    return os.path.basename(program) in ("vllm", "vllm-sim")
+
+
+def serve_args(command: Sequence[str], args: Sequence[str]) -> list[str]:
+    """The arguments after `serve` (model first) of a container that runs vLLM's server.
+
+    Accepts `vllm serve ...` (what the operator renders), `vllm-sim serve ...`, and the older
+    `python -m vllm.entrypoints.openai.api_server --model M ...` form.
+    """
+    argv = [*command, *args]
+    if len(argv) >= 2 and _is_vllm(argv[0]) and argv[1] == "serve":
+        return argv[2:]
+    for module in ("vllm.entrypoints.openai.api_server", "vllm_sim.cli"):
+        if module in argv:
+            rest = argv[argv.index(module) + 1 :]
+            return rest[1:] if rest[:1] == ["serve"] else rest
+    raise UnsupportedCommand(f"the local runner only runs `vllm serve`, not {argv[:3]!r}")
+
+
+def with_local_address(args: Sequence[str], port: int) -> list[str]:
+    """Drop --port/--host and listen on 127.0.0.1:port instead (all pods share one host)."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--port", "--host"):
+            skip = True
+            continue
+        if arg.startswith(("--port=", "--host=")):
+            continue
+        out.append(arg)
+    return [*out, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def container_env(container: Mapping[str, Any]) -> dict[str, str]:
+    """Plain `value` entries of the container's env; valueFrom needs an API the runner lacks."""
+    env: dict[str, str] = {}
+    for entry in container.get("env") or []:
+        if isinstance(entry, Mapping) and "name" in entry and "valueFrom" not in entry:
+            env[str(entry["name"])] = str(entry.get("value", ""))
+    return env
+
+
+def termination_reason(exit_code: int, log_tail: str) -> str:
+    """The kubelet's lastState.terminated.reason for an exit: a SIGKILL exit code, or a CUDA OOM
+    after the engine had started, is OOMKilled (what the operator treats as an infeasible
+    gpu_memory_utilization); any other failure is Error."""
+    if exit_code == OOM_EXIT_CODE:
+        return "OOMKilled"
+    run_time_oom = any(m in log_tail for m in OOM_MARKERS) and not any(
+        m in log_tail for m in STARTUP_FAILURE_MARKERS
+    )
+    if exit_code != 0 and run_time_oom:
+        return "OOMKilled"
+    return "Completed" if exit_code == 0 else "Error"
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:1024] if lines else ""
+
+
+@dataclass
+class Process:
+    """A started container process and where its output goes."""
+
+    popen: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    log_offset: int
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exit_code(self) -> int | None:
+        """None while running; a killed process reports 128 + signal, as container runtimes do."""
+        code = self.popen.poll()
+        if code is None:
+            return None
+        return 128 - code if code < 0 else code
+
+    def log_since_start(self, limit: int = 16384) -> str:
+        try:
+            with self.log_path.open("rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(self.log_offset, size - limit))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM the process group, SIGKILL it after the grace period, reap the process."""
+        if self.popen.poll() is None:
+            self.signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while self.popen.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        # Children that ignored SIGTERM (or the group after the leader left) go too.
+        self.signal_group(signal.SIGKILL)
+        if self.popen.poll() is None:
+            await asyncio.get_running_loop().run_in_executor(None, self.popen.wait)
+
+    def kill_now(self) -> None:
+        """Synchronous last resort (interpreter exit, a runner that lost its loop)."""
+        self.signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+
+
+def spawn(
+    launcher: Sequence[str],
+    serve: Sequence[str],
+    port: int,
+    env: Mapping[str, str],
+    log_path: Path,
+) -> Process:
+    """Start `launcher + serve args` on 127.0.0.1:port in its own session, output to the log."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [*launcher, *with_local_address(serve, port)]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+    with log_path.open("ab") as log:
+        offset = log.tell()
+        log.write(f"--- {time.strftime('%H:%M:%S')} starting: {' '.join(argv)}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    return Process(popen=popen, port=port, log_path=log_path, log_offset=offset)

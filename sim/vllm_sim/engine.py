@@ -1,0 +1,453 @@
+"""The simulated vLLM engine: virtual time, steps, records and live metrics.
+
+The engine owns the clock. Each step starts when the previous one ends (or when work arrives at
+an idle engine), is scheduled by `Scheduler`, lasts what `StepTimeModel` says, and produces its
+tokens at its end. Long runs of pure decoding, where nothing but the step count changes, are
+computed in one vectorised jump; `fast=False` turns that off to check it against step-by-step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_sim.catalog import GpuSpec, ModelSpec, load_gpu, load_model
+from vllm_sim.kv import KVCacheInfo, kv_cache_info, resolve_config
+from vllm_sim.metrics import VllmMetrics, cache_config_labels
+from vllm_sim.scheduler import Batch, Scheduler, Seq
+from vllm_sim.steptime import FloatArray, StepTimeModel
+from vllm_sim.types import (
+    EngineConfig,
+    EngineCrashed,
+    Reality,
+    Request,
+    RequestRecord,
+    StartupError,
+    TokenEvent,
+)
+
+_JITTER_BLOCK = 4096
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step as a test or tool sees it (only built when someone listens)."""
+
+    index: int
+    start: float
+    end: float
+    scheduled_tokens: int
+    num_scheduled_seqs: int
+    num_running: int
+    num_waiting: int
+    num_preempted: int
+    num_admitted: int
+    blocks_free_uncached: int
+    blocks_cached_evictable: int
+    blocks_used: int
+    blocks_total: int
+    skipped_ahead: bool = False
+
+
+class Engine:
+    """A vLLM V1 engine in virtual time (API in the task brief; see module doc)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        reality: Reality | None = None,
+        seed: int = 0,
+        record_itl: bool = True,
+        fast: bool = True,
+    ) -> None:
+        self.config = config
+        self.reality = reality or Reality()
+        self.model: ModelSpec = load_model(config.model)
+        self.gpu: GpuSpec = load_gpu(config.gpu)
+        self.resolved: EngineConfig = resolve_config(config, self.model, self.gpu)
+        self.kv: KVCacheInfo = kv_cache_info(self.resolved, self.model, self.gpu)
+        self.steptime = StepTimeModel(
+            self.model,
+            self.gpu,
+            config.tensor_parallel_size,
+            self.kv.kv_bytes_per_token,
+            bandwidth_efficiency=self.reality.bandwidth_efficiency,
+            compute_efficiency=self.reality.compute_efficiency,
+        )
+        self.sched = Scheduler(self.resolved, self.kv.num_gpu_blocks, record_itl)
+        assert self.resolved.max_model_len is not None
+        self.max_model_len: int = self.resolved.max_model_len
+        self.metrics = VllmMetrics(
+            config.served_model_name or config.model,
+            self.max_model_len,
+            cache_config_labels(self._cache_config_fields()),
+            config.show_hidden_metrics_for_version,
+        )
+        self.metrics.gauge_provider = self._gauges
+        self.fast = fast
+        self.record_itl = record_itl
+        self.on_step: Callable[[StepStats], None] | None = None
+        self.now = 0.0
+        self._pending: list[tuple[float, int, Seq]] = []  # (visible at, order, seq)
+        self._order = 0
+        self._ids: set[str] = set()
+        self._finished: list[RequestRecord] = []
+        self._inflight: tuple[Batch, float, float] | None = None
+        rng = np.random.default_rng(seed)
+        self._jitter_rng = np.random.default_rng(rng.integers(2**63))
+        self._jitter_buf: FloatArray = np.zeros(0)
+        self._jitter_start = 0
+        self._sigma = math.sqrt(math.log1p(self.reality.step_jitter**2))
+        self._crash_at: float | None = None
+        self._crashed = False
+        r = self.reality
+        if (
+            r.oom_above_utilization is not None
+            and self.resolved.gpu_memory_utilization > r.oom_above_utilization
+            and (self.resolved.max_num_batched_tokens or 0) >= r.oom_min_batched_tokens
+        ):
+            self._crash_at = float(rng.exponential(r.oom_mean_time_s))
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        """Queue a request. One that arrived before `now` (e.g. during the step that just ran)
+        is seen by the next step but keeps its arrival time for latency metrics."""
+        if req.request_id in self._ids:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        if req.prompt_len < 1 or req.max_tokens < 1:
+            raise ValueError("prompt_len and max_tokens must be >= 1")
+        if req.prompt_len + 1 > self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has {req.prompt_len} input tokens. Please reduce the length of "
+                "the input messages."
+            )
+        if not math.isfinite(req.arrival_time):
+            raise ValueError("arrival_time must be finite")
+        self._ids.add(req.request_id)
+        seq = Seq(req, self.max_model_len, self.resolved.block_size, req.arrival_time)
+        visible = max(req.arrival_time, self.now)
+        heapq.heappush(self._pending, (visible, self._order, seq))
+        self._order += 1
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.sched.abort(request_id)
+        if seq is None:
+            for i, (_, _, p) in enumerate(self._pending):
+                if p.rid == request_id:
+                    seq = p
+                    self._pending.pop(i)
+                    heapq.heapify(self._pending)
+                    break
+        if seq is not None:
+            self._finish(seq, "abort", max(self.now, seq.arrival))
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending or self.sched.running or self.sched.waiting)
+
+    def pop_finished(self) -> list[RequestRecord]:
+        out, self._finished = self._finished, []
+        return out
+
+    def next_event_time(self) -> float | None:
+        """End of the next step (scheduling it now if work is ready), else the next arrival."""
+        self._check_crash(self.now)
+        if self._inflight is not None:
+            return self._inflight[2]
+        self._release_arrivals()
+        if self.sched.running or self.sched.waiting:
+            self._begin_step()
+            assert self._inflight is not None
+            return self._inflight[2]
+        if self._pending:
+            return max(self.now, self._pending[0][0])
+        return None
+
+    def run_until(
+        self, t: float, on_tokens: Callable[[list[TokenEvent]], None] | None = None
+    ) -> None:
+        """Run every step that starts before `t`; afterwards now == max(t, end of last step)."""
+        self._check_crash(self.now)
+        while True:
+            if self._inflight is not None:
+                if self._inflight[1] >= t:
+                    break
+                self._end_step(on_tokens)
+                continue
+            self._release_arrivals()
+            if not (self.sched.running or self.sched.waiting):
+                if not self._pending:
+                    break
+                nxt = self._pending[0][0]
+                if nxt >= t:
+                    break
+                self._check_crash(nxt)
+                self.now = max(self.now, nxt)
+                continue
+            if self.now >= t:
+                break
+            self._check_crash(self.now)
+            if self.fast and on_tokens is None and self._skip_ahead(t):
+                continue
+            self._begin_step()
+            self._end_step(on_tokens)
+        if self.now < t < math.inf:
+            self._check_crash(t)
+            self.now = t
+
+    def run(self, requests: Iterable[Request]) -> list[RequestRecord]:
+        for req in sorted(requests, key=lambda r: r.arrival_time):
+            self.add_request(req)
+        while self.has_unfinished():
+            self.run_until(math.inf)
+        return self.pop_finished()
+
+    # ---- steps ------------------------------------------------------------------------------
+
+    def _check_crash(self, t: float) -> None:
+        if self._crashed or (self._crash_at is not None and t >= self._crash_at):
+            if not self._crashed:
+                self._crashed = True
+                assert self._crash_at is not None
+                self.now = max(self.now, self._crash_at)
+            raise EngineCrashed(
+                f"Tried to allocate 2.00 GiB at t={self._crash_at:.3f}s (virtual): the "
+                "activation peak outgrew the memory gpu_memory_utilization left free."
+            )
+
+    def _release_arrivals(self) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= self.now:
+            self.sched.waiting.append(heapq.heappop(pending)[2])
+
+    def _jitter(self, first_step: int, n: int) -> FloatArray:
+        """Multiplicative log-normal noise with mean 1, drawn per step index (in blocks, in
+        order) so that a skip-ahead uses exactly the draws the same steps would one by one."""
+        buf = self._jitter_buf
+        while self._jitter_start + buf.size < first_step + n:
+            buf = np.concatenate([buf, self._jitter_rng.standard_normal(_JITTER_BLOCK)])
+        drop = (first_step - self._jitter_start) // _JITTER_BLOCK * _JITTER_BLOCK
+        if drop > 0:
+            buf = buf[drop:]
+            self._jitter_start += drop
+        self._jitter_buf = buf
+        off = first_step - self._jitter_start
+        z = buf[off : off + n]
+        sig = self._sigma
+        out: FloatArray = np.exp(sig * z - 0.5 * sig * sig)
+        return out
+
+    def _begin_step(self) -> None:
+        t0 = self.now
+        b = self.sched.schedule(t0)
+        if b.n_tokens == 0:
+            dt = self.steptime._c_step
+        else:
+            dt = self.steptime.step_time(b.n_tokens, b.n_seqs, b.ctx_tokens, b.attn_pairs)
+            if self.reality.step_jitter > 0:
+                dt *= float(self._jitter(self.sched.step_index, 1)[0])
+        dt += self.reality.per_request_overhead_s * len(b.admitted)
+        self._inflight = (b, t0, t0 + dt)
+
+    def _end_step(self, on_tokens: Callable[[list[TokenEvent]], None] | None) -> None:
+        assert self._inflight is not None
+        b, t0, t_end = self._inflight
+        self._inflight = None
+        m = self.metrics
+        if self.resolved.enable_prefix_caching:
+            for seq, hit in zip(b.admitted, b.hits, strict=True):
+                if not seq.queried:
+                    seq.queried = True
+                    seq.cached_tokens = hit
+                    m.observe_prefix_query(seq.ntok, hit)
+        if b.preempted:
+            m.num_preemptions.inc(len(b.preempted))
+        want_tokens = on_tokens is not None
+        out = self.sched.commit(b, t_end, want_tokens)
+        self.now = t_end
+        if b.n_tokens:
+            m.iteration_tokens.observe(b.n_tokens)
+        m.generation_tokens.inc(out.n_generated)
+        if out.itl_gaps.size:
+            m.observe_itl(out.itl_gaps)
+        for seq in out.first_tokens:
+            m.ttft.observe(t_end - seq.arrival)
+            m.observe_prompt_done(seq.plen, seq.cached_tokens)
+        finished_ids: set[str] = set()
+        for seq in out.finished:
+            finished_ids.add(seq.rid)
+            self._finish(seq, "length", t_end)
+        if want_tokens and out.token_seqs:
+            assert on_tokens is not None
+            events = [
+                TokenEvent(
+                    s.rid,
+                    i,
+                    t_end,
+                    s.rid in finished_ids,
+                    "length" if s.rid in finished_ids else None,
+                )
+                for s, i in zip(out.token_seqs, out.token_index, strict=True)
+            ]
+            on_tokens(events)
+        if self.on_step is not None:
+            self.on_step(self._stats(self.sched.step_index - 1, t0, t_end, b, False))
+
+    def _stats(self, index: int, t0: float, t1: float, b: Batch | None, skipped: bool) -> StepStats:
+        pool = self.sched.pool
+        n_running = len(self.sched.running)
+        return StepStats(
+            index=index,
+            start=t0,
+            end=t1,
+            scheduled_tokens=b.n_tokens if b else n_running,
+            num_scheduled_seqs=b.n_seqs if b else n_running,
+            num_running=n_running,
+            num_waiting=len(self.sched.waiting),
+            num_preempted=len(b.preempted) if b else 0,
+            num_admitted=len(b.admitted) if b else 0,
+            blocks_free_uncached=pool.free_uncached,
+            blocks_cached_evictable=len(pool.evictable),
+            blocks_used=self.sched.private_blocks_running() + len(pool.refs),
+            blocks_total=pool.num_gpu_blocks - 1,
+            skipped_ahead=skipped,
+        )
+
+    def _skip_ahead(self, t: float) -> bool:
+        """Run a stretch of pure-decode steps in one go; False when no stretch of 2+ fits."""
+        sched = self.sched
+        k = sched.decode_stretch_limit()
+        if k < 2:
+            return False
+        d = len(sched.running)
+        ctx0 = float(sched.comp.sum())
+        dts = self.steptime.decode_times(d, ctx0, k)
+        if self.reality.step_jitter > 0:
+            dts = dts * self._jitter(sched.step_index, k)
+        ends = np.cumsum(np.concatenate(([self.now], dts)))
+        starts = ends[:-1]
+        ends = ends[1:]
+        limit = t
+        # An arrival can join this stretch's steps only if step 2 could admit it.
+        if self._pending and not sched.waiting and d < sched.mns and d < sched.budget:
+            limit = min(limit, self._pending[0][0])
+        if self._crash_at is not None:
+            limit = min(limit, self._crash_at)
+        k = min(k, int(np.searchsorted(starts, limit, side="left")))
+        if k < 2:
+            return False
+        dts = dts[:k]
+        ends = ends[:k]
+        s0 = sched.step_index
+        gaps = sched.commit_decode_stretch(ends)
+        m = self.metrics
+        m.observe_itl(gaps)
+        m.itl.observe_many_weighted(dts[1:], d)
+        if "vllm:time_per_output_token_seconds" in m.hidden:
+            m.tpot_old.observe_many_weighted(dts[1:], d)
+        m.generation_tokens.inc(k * d)
+        m.iteration_tokens.observe_repeated(d, k)
+        prev = self.now
+        self.now = float(ends[-1])
+        if self.on_step is not None:
+            for i in range(k):
+                start = prev if i == 0 else float(ends[i - 1])
+                self.on_step(self._stats(s0 + i, start, float(ends[i]), None, True))
+        # Arrivals that came during the stretch join the queue behind the blocked head.
+        return True
+
+    # ---- finishing --------------------------------------------------------------------------
+
+    def _finish(self, seq: Seq, reason: str, t: float) -> None:
+        itl: list[float] = []
+        if self.record_itl and seq.first_token_time is not None:
+            itl = np.diff(self.sched.token_times(seq)).tolist()
+        out_len = seq.output_len
+        rec = RequestRecord(
+            request_id=seq.rid,
+            arrival_time=seq.arrival,
+            prompt_len=seq.plen,
+            output_len=out_len,
+            max_tokens=seq.max_tokens,
+            first_scheduled_time=seq.first_scheduled,
+            first_token_time=seq.first_token_time,
+            finish_time=t,
+            finish_reason=reason,
+            cached_tokens=seq.cached_tokens,
+            num_preemptions=seq.num_preemptions,
+            itl=itl,
+        )
+        self._finished.append(rec)
+        sched_t = seq.first_scheduled if seq.first_scheduled is not None else t
+        first_t = seq.first_token_time if seq.first_token_time is not None else t
+        last_t = seq.last_time if seq.first_token_time is not None else t
+        self.metrics.observe_finished(
+            reason=reason,
+            e2e=t - seq.arrival,
+            queue=sched_t - seq.arrival,
+            prefill=first_t - sched_t,
+            decode=last_t - first_t,
+            inference=last_t - sched_t,
+            tpot=rec.tpot,
+            prompt_len=seq.plen,
+            output_len=out_len,
+            max_tokens=seq.max_tokens,
+            cached=seq.cached_tokens,
+            preemptions=seq.num_preemptions,
+        )
+
+    # ---- introspection ------------------------------------------------------------------------
+
+    def _gauges(self) -> tuple[int, int, float]:
+        return len(self.sched.running), len(self.sched.waiting), self.sched.pool.usage()
+
+    def _cache_config_fields(self) -> list[tuple[str, object]]:
+        """CacheConfig.__dict__ of vLLM 0.33 in declaration order (vllm.md §1.4). Fields the
+        simulator does not model carry vLLM's defaults."""
+        c, kv = self.resolved, self.kv
+        return [
+            ("block_size", c.block_size),
+            ("user_specified_block_size", c.block_size != 16),
+            ("kv_cache_layout", None),
+            ("prefix_match_unit", None),
+            ("gpu_memory_utilization", c.gpu_memory_utilization),
+            ("cache_dtype", c.kv_cache_dtype),
+            ("is_attention_free", False),
+            ("num_gpu_blocks_override", c.num_gpu_blocks_override),
+            ("sliding_window", None),
+            ("enable_prefix_caching", c.enable_prefix_caching),
+            ("prefix_caching_hash_algo", "sha256"),
+            ("prefix_cache_retention_interval", None),
+            ("kv_cache_dtype_skip_layers", []),
+            ("mamba_page_size_padded", None),
+            ("skip_page_size_padded", None),
+            ("mamba_block_size", None),
+            ("mamba_cache_dtype", "auto"),
+            ("mamba_ssm_cache_dtype", "auto"),
+            ("mamba_cache_mode", "none"),
+            ("enable_mamba_shared_prefix_checkpoint", False),
+            ("replayssm_buffer_len", None),
+            ("use_replayssm", False),
+            ("use_kda_recoverssm", False),
+            ("num_gpu_blocks", kv.num_gpu_blocks),
+            ("num_cpu_blocks", None),
+            ("simple_cpu_offload_num_blocks", None),
+            ("effective_attention_block_size", c.block_size),
+            ("kv_cache_size_tokens", kv.kv_cache_size_tokens),
+            ("kv_cache_max_concurrency", round(kv.max_concurrency, 2)),
+            ("hash_block_size", c.block_size),
+            ("cache_hit_alignment_tokens", None),
+            ("kv_sharing_fast_prefill", False),
+            ("swa_bounded_replay", False),
+            ("kv_cache_memory_bytes", None),
+            ("kv_offloading_size", None),
+            ("kv_offloading_backend", "native"),
+        ]
+
+
+__all__ = ["Engine", "EngineCrashed", "KVCacheInfo", "StartupError", "StepStats"]

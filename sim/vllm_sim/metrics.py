@@ -1,0 +1,462 @@
+"""vLLM's Prometheus metrics, with its names, labels and buckets, cheap enough for bulk updates.
+
+prometheus_client's registry is too slow for an engine that observes millions of inter-token
+latencies per simulated minute, and its OpenMetrics exposition rewrites `vllm:` to `vllm_`. So this
+module keeps its own small registry: histograms accumulate with numpy (a pending buffer is binned
+in one call), and `render()` writes the text format 0.0.4 exactly as prometheus_client would for
+vLLM's own registry (names, HELP/TYPE lines, `_total` counters, cumulative `le` buckets).
+Names, meanings and buckets: vllm.md §1.2-§1.4, §1.7.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+# vllm/v1/metrics/buckets.py (vllm.md §1.3).
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's build_1_2_5_buckets)."""
+    out: list[int] = []
+    exponent = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exponent
+            if v > max_value:
+                return out
+            out.append(v)
+        exponent += 1
+
+
+def _fmt(v: float) -> str:
+    """Go-style float text, as prometheus_client writes sample values and `le` bounds."""
+    if v == math.inf:
+        return "+Inf"
+    if v == -math.inf:
+        return "-Inf"
+    if math.isnan(v):
+        return "NaN"
+    s = repr(float(v))
+    dot = s.find(".")
+    if v > 0 and dot > 6 and "e" not in s:  # Go uses an exponent from 1e+06 up
+        digits = s.replace(".", "").rstrip("0")
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
+
+
+@dataclass
+class Counter:
+    name: str  # as created in vLLM (exposed with `_total`)
+    help: str
+    extra_label: str | None = None
+    values: dict[str, float] = field(default_factory=dict)
+
+    def inc(self, amount: float = 1.0, label: str = "") -> None:
+        self.values[label] = self.values.get(label, 0.0) + amount
+
+    def value(self, label: str = "") -> float:
+        return self.values.get(label, 0.0)
+
+
+@dataclass
+class Gauge:
+    name: str
+    help: str
+    extra_label: str | None = None
+    values: dict[str, float] = field(default_factory=dict)
+
+    def set(self, value: float, label: str = "") -> None:
+        self.values[label] = float(value)
+
+
+class Histogram:
+    """Cumulative-bucket histogram; observations may be buffered and binned in bulk."""
+
+    def __init__(self, name: str, help: str, buckets: Sequence[float]) -> None:
+        self.name = name
+        self.help = help
+        self.bounds = np.asarray([float(b) for b in buckets], dtype=np.float64)
+        self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)  # last: above all bounds
+        self.sum = 0.0
+        self._pending: list[FloatArray] = []
+        self._pending_n = 0
+
+    def observe(self, value: float) -> None:
+        # Prometheus buckets are inclusive upper bounds: le=b counts v <= b.
+        self.counts[int(np.searchsorted(self.bounds, value, side="left"))] += 1
+        self.sum += value
+
+    def observe_many(self, values: FloatArray) -> None:
+        if values.size:
+            self._pending.append(values)
+            self._pending_n += values.size
+            if self._pending_n > 65536:
+                self.flush()
+
+    def observe_repeated(self, value: float, n: int) -> None:
+        if n > 0:
+            self.counts[int(np.searchsorted(self.bounds, value, side="left"))] += n
+            self.sum += value * n
+
+    def observe_many_weighted(self, values: FloatArray, weight: int) -> None:
+        """Each value observed `weight` times (a decode step's gap, once per running request)."""
+        if values.size and weight > 0:
+            idx = np.searchsorted(self.bounds, values, side="left")
+            self.counts += np.bincount(idx, minlength=len(self.counts)) * weight
+            self.sum += float(values.sum()) * weight
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        vals = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending.clear()
+        self._pending_n = 0
+        idx = np.searchsorted(self.bounds, vals, side="left")
+        self.counts += np.bincount(idx, minlength=len(self.counts))
+        self.sum += float(vals.sum())
+
+    @property
+    def count(self) -> int:
+        self.flush()
+        return int(self.counts.sum())
+
+    def bucket_counts(self) -> list[tuple[float, int]]:
+        """(upper bound, cumulative count), +Inf last."""
+        self.flush()
+        cum = np.cumsum(self.counts)
+        bounds = [*self.bounds.tolist(), math.inf]
+        return list(zip(bounds, cum.tolist(), strict=True))
+
+
+# Hidden-metric rule (see VllmMetrics): name -> first vLLM minor version that no longer offered it
+# even behind --show-hidden-metrics-for-version (vllm.md §1.7).
+_REMOVED_IN = {
+    "vllm:gpu_cache_usage_perc": (0, 14),
+    "vllm:gpu_prefix_cache_queries": (0, 14),
+    "vllm:gpu_prefix_cache_hits": (0, 14),
+    "vllm:time_per_output_token_seconds": (0, 18),
+}
+
+
+def _parse_version(v: str) -> tuple[int, int]:
+    parts = v.strip().lstrip("v").split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError as exc:
+        raise ValueError(f"invalid --show-hidden-metrics-for-version {v!r}") from exc
+
+
+class VllmMetrics:
+    """The engine's metrics as vLLM 0.33's PrometheusStatLogger exposes them.
+
+    Removed names come back only with `show_hidden_metrics_for_version` set to a version older
+    than the one that dropped them for good: vllm:gpu_cache_usage_perc and
+    vllm:gpu_prefix_cache_{queries,hits} for versions < 0.14, vllm:time_per_output_token_seconds
+    for versions < 0.18 (vLLM 0.33 itself has no hidden metric left; this lets a tuner be tested
+    against the names older deployments still export).
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        cache_config_labels: Sequence[tuple[str, str]],
+        show_hidden_metrics_for_version: str | None = None,
+    ) -> None:
+        self.base = (("model_name", model_name), ("engine", "0"))
+        self.cache_config_labels = list(cache_config_labels)
+        self.gauge_provider: Callable[[], tuple[int, int, float]] | None = None
+        hidden: set[str] = set()
+        if show_hidden_metrics_for_version:
+            wanted = _parse_version(show_hidden_metrics_for_version)
+            hidden = {n for n, removed in _REMOVED_IN.items() if wanted < removed}
+        self.hidden = hidden
+        tok = build_1_2_5_buckets(max_model_len)
+        H = Histogram
+        self.ttft = H(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        )  # fmt: skip
+        self.itl = H(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            ITL_BUCKETS,
+        )  # fmt: skip
+        self.tpot_old = H(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.DEPRECATED: Use "
+            "vllm:inter_token_latency_seconds instead.",
+            ITL_BUCKETS,
+        )
+        self.req_tpot = H(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS,
+        )  # fmt: skip
+        lat = REQUEST_LATENCY_BUCKETS
+        self.e2e = H(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lat
+        )
+        self.queue = H(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.", lat,
+        )  # fmt: skip
+        self.inference = H(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.", lat,
+        )  # fmt: skip
+        self.prefill = H(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.", lat,
+        )  # fmt: skip
+        self.decode = H(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.", lat,
+        )  # fmt: skip
+        self.prompt_tokens_h = H(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok
+        )
+        self.generation_tokens_h = H(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tok
+        )
+        self.max_gen_h = H(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.", tok,
+        )  # fmt: skip
+        self.params_n = H(
+            "vllm:request_params_n", "Histogram of the n request parameter.",
+            REQUEST_PARAMS_N_BUCKETS,
+        )  # fmt: skip
+        self.params_max_tokens = H(
+            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tok
+        )
+        self.prefill_kv_computed = H(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).", tok,
+        )  # fmt: skip
+        self.req_preemptions = H(
+            "vllm:request_num_preemptions",
+            "Histogram of number of preemptions per finished request.",
+            REQUEST_NUM_PREEMPTIONS_BUCKETS,
+        )
+        self.iteration_tokens = H(
+            "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKENS_BUCKETS,
+        )  # fmt: skip
+        C = Counter
+        self.num_preemptions = C(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
+        self.prompt_tokens = C("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_tokens_by_source = C(
+            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", "source",
+            {s: 0.0 for s in PROMPT_SOURCES},
+        )  # fmt: skip
+        self.prompt_tokens_cached = C(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
+        )
+        self.generation_tokens = C(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        self.request_success = C(
+            "vllm:request_success", "Count of successfully processed requests.", "finished_reason",
+            {r: 0.0 for r in FINISH_REASONS},
+        )  # fmt: skip
+        self.prefix_cache_queries = C(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_cache_hits = C(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        self.gpu_prefix_cache_queries = C(
+            "vllm:gpu_prefix_cache_queries",
+            "GPU prefix cache queries, in terms of number of queried tokens.DEPRECATED: Use "
+            "vllm:prefix_cache_queries instead.",
+        )
+        self.gpu_prefix_cache_hits = C(
+            "vllm:gpu_prefix_cache_hits",
+            "GPU prefix cache hits, in terms of number of cached tokens.DEPRECATED: Use "
+            "vllm:prefix_cache_hits instead.",
+        )
+        for c in (self.num_preemptions, self.prompt_tokens, self.prompt_tokens_cached,
+                  self.generation_tokens, self.prefix_cache_queries, self.prefix_cache_hits,
+                  self.gpu_prefix_cache_queries, self.gpu_prefix_cache_hits):  # fmt: skip
+            c.values[""] = 0.0
+
+    # ---- observations the engine makes -------------------------------------------------------
+
+    def observe_itl(self, gaps: FloatArray) -> None:
+        self.itl.observe_many(gaps)
+        if "vllm:time_per_output_token_seconds" in self.hidden:
+            self.tpot_old.observe_many(gaps)
+
+    def observe_itl_repeated(self, gap: float, n: int) -> None:
+        self.itl.observe_repeated(gap, n)
+        if "vllm:time_per_output_token_seconds" in self.hidden:
+            self.tpot_old.observe_repeated(gap, n)
+
+    def observe_prefix_query(self, queried: int, hits: int) -> None:
+        self.prefix_cache_queries.inc(queried)
+        self.prefix_cache_hits.inc(hits)
+        self.gpu_prefix_cache_queries.inc(queried)
+        self.gpu_prefix_cache_hits.inc(hits)
+
+    def observe_prompt_done(self, prompt_len: int, cached: int) -> None:
+        """Counted once per request, when its prefill first completes (not again on recompute)."""
+        self.prompt_tokens.inc(prompt_len)
+        self.prompt_tokens_by_source.inc(prompt_len - cached, "local_compute")
+        self.prompt_tokens_by_source.inc(cached, "local_cache_hit")
+        self.prompt_tokens_cached.inc(cached)
+
+    def observe_finished(
+        self,
+        reason: str,
+        e2e: float,
+        queue: float,
+        prefill: float,
+        decode: float,
+        inference: float,
+        tpot: float,
+        prompt_len: int,
+        output_len: int,
+        max_tokens: int,
+        cached: int,
+        preemptions: int,
+    ) -> None:
+        self.request_success.inc(1, reason)
+        self.e2e.observe(e2e)
+        self.queue.observe(queue)
+        self.prefill.observe(prefill)
+        self.decode.observe(decode)
+        self.inference.observe(inference)
+        self.req_tpot.observe(tpot)
+        self.prompt_tokens_h.observe(prompt_len)
+        self.generation_tokens_h.observe(output_len)
+        self.max_gen_h.observe(output_len)
+        self.params_max_tokens.observe(max_tokens)
+        self.params_n.observe(1)
+        self.prefill_kv_computed.observe(prompt_len - cached)
+        self.req_preemptions.observe(preemptions)
+
+    # ---- exposition -------------------------------------------------------------------------
+
+    def _gauges(self) -> list[Gauge]:
+        running, waiting, usage = (0, 0, 0.0)
+        if self.gauge_provider is not None:
+            running, waiting, usage = self.gauge_provider()
+        g = [
+            Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                  None, {"": running}),
+            Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                  None, {"": waiting}),
+            Gauge("vllm:num_requests_waiting_by_reason",
+                  "Number of requests waiting, by reason (capacity or deferred).", "reason",
+                  {"capacity": waiting, "deferred": 0}),
+            Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                  None, {"": usage}),
+        ]  # fmt: skip
+        if "vllm:gpu_cache_usage_perc" in self.hidden:
+            g.append(
+                Gauge(
+                    "vllm:gpu_cache_usage_perc",
+                    "GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use "
+                    "vllm:kv_cache_usage_perc instead.",
+                    None,
+                    {"": usage},
+                )
+            )
+        g.append(
+            Gauge("vllm:engine_sleep_state",
+                  "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine "
+                  "is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means "
+                  "sleep level 2.", "sleep_state", {"awake": 1, "weights_offloaded": 0,
+                                                    "discard_all": 0}),
+        )  # fmt: skip
+        return g
+
+    def histograms(self) -> list[Histogram]:
+        hs = [self.ttft, self.itl, self.req_tpot, self.e2e, self.queue, self.inference,
+              self.prefill, self.decode, self.prompt_tokens_h, self.generation_tokens_h,
+              self.max_gen_h, self.params_n, self.params_max_tokens, self.prefill_kv_computed,
+              self.req_preemptions, self.iteration_tokens]  # fmt: skip
+        if "vllm:time_per_output_token_seconds" in self.hidden:
+            hs.insert(2, self.tpot_old)
+        return hs
+
+    def counters(self) -> list[Counter]:
+        cs = [self.num_preemptions, self.prompt_tokens, self.prompt_tokens_by_source,
+              self.prompt_tokens_cached, self.generation_tokens, self.request_success,
+              self.prefix_cache_queries, self.prefix_cache_hits]  # fmt: skip
+        if "vllm:gpu_prefix_cache_queries" in self.hidden:
+            cs += [self.gpu_prefix_cache_queries, self.gpu_prefix_cache_hits]
+        return cs
+
+    def render(self) -> str:
+        """Prometheus text exposition format 0.0.4, `vllm:` names with their colons."""
+        out: list[str] = []
+        base = self.base
+        for g in self._gauges():
+            out.append(f"# HELP {g.name} {g.help}\n# TYPE {g.name} gauge\n")
+            for label, v in g.values.items():
+                extra = ((g.extra_label, label),) if g.extra_label else ()
+                out.append(f"{g.name}{_labels(base + extra)} {_fmt(v)}\n")
+        name = "vllm:cache_config_info"
+        out.append(f"# HELP {name} Information of the LLMEngine CacheConfig\n# TYPE {name} gauge\n")
+        out.append(f"{name}{_labels([*self.cache_config_labels, ('engine', '0')])} 1.0\n")
+        for c in self.counters():
+            n = c.name + "_total"
+            out.append(f"# HELP {n} {c.help}\n# TYPE {n} counter\n")
+            for label, v in c.values.items():
+                extra = ((c.extra_label, label),) if c.extra_label else ()
+                out.append(f"{n}{_labels(base + extra)} {_fmt(v)}\n")
+        for h in self.histograms():
+            out.append(f"# HELP {h.name} {h.help}\n# TYPE {h.name} histogram\n")
+            total = 0
+            for bound, cum in h.bucket_counts():
+                lab = _labels((*base, ("le", _fmt(bound))))
+                out.append(f"{h.name}_bucket{lab} {_fmt(float(cum))}\n")
+                total = cum
+            out.append(f"{h.name}_count{_labels(base)} {_fmt(float(total))}\n")
+            out.append(f"{h.name}_sum{_labels(base)} {_fmt(h.sum)}\n")
+        return "".join(out)
+
+
+def cache_config_labels(fields: Iterable[tuple[str, object]]) -> list[tuple[str, str]]:
+    """vLLM's metrics_info(): every CacheConfig field as str(value), so None becomes "None"."""
+    return [(k, str(v)) for k, v in fields]

@@ -1,0 +1,19 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.prometheus import running_prometheus
+from vllm_autotuner.local.prometheus import PrometheusServer
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
+    """A real Prometheus on a free 127.0.0.1 port scraping every 1 s; no targets until the test
+    calls `set_targets`. Stopped after the test."""
+    with running_prometheus(tmp_path / "prometheus") as server:
+        yield server

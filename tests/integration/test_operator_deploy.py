@@ -1,0 +1,267 @@
+"""The real kopf operator against the API emulator: deploy, update, delete, never write spec."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from tests.support.operator_runner import running_operator
+from tests.support.waiting import wait_for
+from vllm_autotuner.api.crds import render_crds
+from vllm_autotuner.local.emulator import EmulatorServer
+
+NS = "team-a"
+CR_PATH = f"/apis/vllm.autotuner.io/v1alpha1/namespaces/{NS}/vllmdeployments"
+POLICY_PATH = "/apis/vllm.autotuner.io/v1alpha1/vllmtuningpolicies"
+DEPLOYMENT_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments"
+SERVICE_PATH = f"/api/v1/namespaces/{NS}/services"
+
+POLICY = {
+    "apiVersion": "vllm.autotuner.io/v1alpha1",
+    "kind": "VLLMTuningPolicy",
+    "metadata": {"name": "default"},
+    "spec": {
+        "slo": {
+            "ttft": {"percentile": 95, "thresholdMs": 800},
+            "itl": {"percentile": 95, "thresholdMs": 50},
+        }
+    },
+}
+
+CR = {
+    "apiVersion": "vllm.autotuner.io/v1alpha1",
+    "kind": "VLLMDeployment",
+    "metadata": {
+        "name": "llama",
+        "namespace": NS,
+        "labels": {"app.kubernetes.io/instance": "argo-app", "team": "a"},
+        "annotations": {
+            "argocd.argoproj.io/tracking-id": "app:vllm.autotuner.io/VLLMDeployment:team-a/llama"
+        },
+    },
+    "spec": {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "gpu": {"product": "H100"},
+        "knobs": {"maxNumSeqs": 256},
+        "tuning": {"mode": "Recommend"},
+    },
+}
+
+
+class Api:
+    """A thin sync HTTP client for the test's own reads and writes."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.session = requests.Session()
+        self.session.headers["User-Agent"] = "integration-test"
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        r = self.session.get(self.url + path, timeout=10)
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        return dict(r.json())
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self.session.post(self.url + path, json=body, timeout=10)
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
+    def merge(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self.session.patch(
+            self.url + path,
+            json=body,
+            headers={"Content-Type": "application/merge-patch+json"},
+            timeout=10,
+        )
+        r.raise_for_status()
+        return dict(r.json())
+
+    def delete(self, path: str) -> None:
+        r = self.session.delete(self.url + path, timeout=10)
+        assert r.status_code in (200, 202), r.text
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorServer]:
+    server = EmulatorServer(host="127.0.0.1", port=0)
+    for crd in render_crds():
+        server.register_crd(crd)
+    server.start_in_thread()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def api(emulator: EmulatorServer) -> Api:
+    api = Api(emulator.url)
+    api.create(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+    )
+    return api
+
+
+def args_of(deployment: dict[str, Any]) -> list[str]:
+    return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def condition(obj: dict[str, Any] | None, cond_type: str) -> dict[str, Any] | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == cond_type:
+            return dict(cond)
+    return None
+
+
+def test_create_update_delete_lifecycle(emulator: EmulatorServer, api: Api) -> None:
+    api.create(POLICY_PATH, POLICY)
+    cr = api.create(CR_PATH, copy.deepcopy(CR))
+    with running_operator(emulator.url, interval_s=1.0):
+        deployment = wait_for(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 20, message="Deployment")
+        args = args_of(deployment)
+        assert args[:3] == ["meta-llama/Llama-3.1-8B-Instruct", "--port", "8000"]
+        # H100 tier default for the token budget, the pinned max_num_seqs, vLLM's utilisation.
+        assert args[args.index("--max-num-batched-tokens") + 1] == "8192"
+        assert args[args.index("--max-num-seqs") + 1] == "256"
+        assert args[args.index("--gpu-memory-utilization") + 1] == "0.92"
+        (ref,) = deployment["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"]) == (
+            "VLLMDeployment",
+            "llama",
+            cr["metadata"]["uid"],
+        )
+        assert ref["controller"] is True
+        template_meta = deployment["spec"]["template"]["metadata"]
+        assert "app.kubernetes.io/instance" not in deployment["metadata"]["labels"]
+        assert "app.kubernetes.io/instance" not in template_meta["labels"]
+        assert not any(k.startswith("argocd.argoproj.io/") for k in template_meta["annotations"])
+        service = wait_for(lambda: api.get(f"{SERVICE_PATH}/llama"), 10, message="Service")
+        assert service["spec"]["ports"][0]["port"] == 8000
+
+        # Status: generation observed, policy resolved, not Ready until pods are available.
+        def observed(gen: int) -> dict[str, Any] | None:
+            obj = api.get(f"{CR_PATH}/llama")
+            ok = obj and (obj.get("status") or {}).get("observedGeneration") == gen
+            return obj if ok else None
+
+        obj = wait_for(lambda: observed(1), 10, message="observedGeneration 1")
+        assert condition(obj, "PolicyResolved")["status"] == "True"  # type: ignore[index]
+        assert condition(obj, "Ready")["status"] == "False"  # type: ignore[index]
+        assert obj["status"]["tuning"]["applied"]["maxNumSeqs"] == 256
+
+        # The Deployment becomes available (what the kubelet and controller would report).
+        api.merge(
+            f"{DEPLOYMENT_PATH}/llama/status",
+            {
+                "status": {
+                    "observedGeneration": deployment["metadata"]["generation"],
+                    "replicas": 1,
+                    "readyReplicas": 1,
+                    "updatedReplicas": 1,
+                    "availableReplicas": 1,
+                    "conditions": [
+                        {
+                            "type": "Available",
+                            "status": "True",
+                            "reason": "MinimumReplicasAvailable",
+                        }
+                    ],
+                }
+            },
+        )
+        wait_for(
+            lambda: (condition(api.get(f"{CR_PATH}/llama"), "Ready") or {}).get("status") == "True",
+            15,
+            message="Ready=True",
+        )
+
+        # An update to the spec reaches the Deployment and bumps observedGeneration.
+        api.merge(f"{CR_PATH}/llama", {"spec": {"replicas": 2, "engine": {"maxModelLen": 8192}}})
+        updated = wait_for(
+            lambda: (d := api.get(f"{DEPLOYMENT_PATH}/llama")) and d["spec"]["replicas"] == 2 and d,
+            15,
+            message="Deployment updated",
+        )
+        assert "--max-model-len" in args_of(updated)
+        wait_for(lambda: observed(2), 10, message="observedGeneration 2")
+
+        # Deleting the CR removes its children through their owner references.
+        api.delete(f"{CR_PATH}/llama")
+        wait_for(lambda: api.get(f"{CR_PATH}/llama") is None, 20, message="CR gone")
+        wait_for(lambda: api.get(f"{DEPLOYMENT_PATH}/llama") is None, 10, message="Deployment gone")
+        wait_for(lambda: api.get(f"{SERVICE_PATH}/llama") is None, 10, message="Service gone")
+
+    # From the emulator's request log: nothing ever wrote the CR's spec except the test itself.
+    writes = [
+        r
+        for r in emulator.requests
+        if r.resource == "vllmdeployments"
+        and r.verb in ("update", "patch", "create")
+        and r.user_agent != "integration-test"
+    ]
+    assert writes, "the operator should have written status"
+    for record in writes:
+        if record.subresource == "status":
+            continue
+        body = record.body if isinstance(record.body, dict) else {}
+        assert "spec" not in body, f"operator wrote spec: {record}"
+
+
+def test_missing_policy_gives_a_condition_and_deploys_nothing(
+    emulator: EmulatorServer, api: Api
+) -> None:
+    cr = copy.deepcopy(CR)
+    cr["spec"]["tuning"] = {"mode": "Auto", "policyRef": "nope"}
+    api.create(CR_PATH, cr)
+    with running_operator(emulator.url, interval_s=1.0):
+        obj = wait_for(
+            lambda: (o := api.get(f"{CR_PATH}/llama")) and condition(o, "PolicyResolved") and o,
+            15,
+            message="PolicyResolved condition",
+        )
+        policy_cond = condition(obj, "PolicyResolved")
+        assert policy_cond is not None
+        assert (policy_cond["status"], policy_cond["reason"]) == ("False", "PolicyNotFound")
+        assert "'nope'" in policy_cond["message"]
+        assert (condition(obj, "Degraded") or {}).get("status") == "True"
+        assert api.get(f"{DEPLOYMENT_PATH}/llama") is None
+
+        # Creating the policy lets the next reconcile deploy.
+        api.create(POLICY_PATH, {**POLICY, "metadata": {"name": "nope"}})
+        wait_for(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 15, message="Deployment after policy")
+        wait_for(
+            lambda: (
+                (condition(api.get(f"{CR_PATH}/llama"), "PolicyResolved") or {}).get("status")
+                == "True"
+            ),
+            10,
+            message="PolicyResolved=True",
+        )
+
+
+def test_hand_edited_deployment_is_restored(emulator: EmulatorServer, api: Api) -> None:
+    api.create(POLICY_PATH, POLICY)
+    api.create(CR_PATH, copy.deepcopy(CR))
+    with running_operator(emulator.url, interval_s=1.0):
+        deployment = wait_for(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 20, message="Deployment")
+        original = args_of(deployment)
+        edited = (
+            [*original[:-1], "0.5"]
+            if original[-2] == "--gpu-memory-utilization"
+            else original + ["--x"]
+        )
+        api.merge(
+            f"{DEPLOYMENT_PATH}/llama",
+            {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "args": edited}]}}}},
+        )
+        wait_for(
+            lambda: args_of(api.get(f"{DEPLOYMENT_PATH}/llama") or deployment) == original,
+            15,
+            message="args restored",
+        )

@@ -1,0 +1,68 @@
+"""Run the real operator (kopf + our registry) in a background thread for integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+from vllm_autotuner.adapters.kube import KubeCredentials
+from vllm_autotuner.operator import OperatorConfig, run_operator
+
+
+class OperatorThread:
+    def __init__(self, config: OperatorConfig, namespaces: list[str] | None = None) -> None:
+        self.config = config
+        self.namespaces = namespaces
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="operator", daemon=True)
+
+    def _main(self) -> None:
+        async def body() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._started.set()
+            await run_operator(self.config, namespaces=self.namespaces, stop_flag=self._stop)
+
+        try:
+            asyncio.run(body())
+        except BaseException as exc:  # surfaced to the test by stop()
+            self.error = exc
+            self._started.set()
+
+    def start(self) -> OperatorThread:
+        self._thread.start()
+        if not self._started.wait(10):
+            raise TimeoutError("operator thread did not start")
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:
+                pass  # the loop already ended
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("operator did not stop within the timeout")
+        if self.error is not None:
+            raise self.error
+
+
+@contextmanager
+def running_operator(
+    server: str, *, interval_s: float = 1.0, namespaces: list[str] | None = None
+) -> Iterator[OperatorThread]:
+    config = OperatorConfig(
+        credentials=KubeCredentials(server=server, verify=False), reconcile_interval_s=interval_s
+    )
+    thread = OperatorThread(replace(config), namespaces).start()
+    try:
+        yield thread
+    finally:
+        thread.stop()

@@ -1,0 +1,115 @@
+"""Search: each bottleneck moves the right knob, inside every safety rule."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from tests.unit.core.test_decide import BOUNDS, CTX, KNOBS, SLO_DEFAULT, make_snapshot
+from vllm_autotuner.core.diagnosis import diagnose
+from vllm_autotuner.core.perf_model import AnalyticModel, Workload
+from vllm_autotuner.core.search import SearchResult, is_forbidden, search
+from vllm_autotuner.core.snapshot import Snapshot
+from vllm_autotuner.core.tuning_types import Bounds, InfeasibleConfig, KnobBounds, Knobs
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def run_search(
+    snap: Snapshot,
+    knobs: Knobs = KNOBS,
+    bounds: Bounds = BOUNDS,
+    infeasible: tuple[InfeasibleConfig, ...] = (),
+    stable_gmu: float | None = None,
+    min_gain_pct: float = 5.0,
+) -> SearchResult:
+    model = AnalyticModel()
+    w = Workload.from_snapshot(snap, SLO_DEFAULT, 0.9)
+    cal = model.calibrate(snap, knobs, CTX, w, None)
+    diag = diagnose(snap, SLO_DEFAULT, knobs)
+    return search(
+        applied=knobs,
+        bounds=bounds,
+        model=model,
+        workload=w,
+        calibration=cal,
+        diagnosis=diag,
+        infeasible=infeasible,
+        stable_gmu=knobs.gpu_memory_utilization if stable_gmu is None else stable_gmu,
+        gmu_rise_step=0.02,
+        min_gain_pct=min_gain_pct,
+        slo_violated=diag.violates_slo,
+    )
+
+
+def test_decode_latency_bound_lowers_the_token_budget() -> None:
+    r = run_search(make_snapshot(itl_p95=80.0, itl_mean=25.0))
+    assert r.worth_rollout and r.best is not None, r.reason
+    assert r.best.max_num_batched_tokens < KNOBS.max_num_batched_tokens
+    assert r.best.max_num_seqs <= KNOBS.max_num_seqs
+    assert r.prediction is not None and r.prediction.itl_ms < 0.9 * 50.0
+
+
+def test_prefill_bound_raises_the_token_budget() -> None:
+    knobs = Knobs(512, 256, 0.92)
+    snap = make_snapshot(
+        knobs, ttft_p95=2500.0, itl_p95=20.0, itl_mean=15.0, prompt=(3000.0, 6000.0)
+    )
+    r = run_search(snap, knobs)
+    assert r.best is not None, r.reason
+    assert r.best.max_num_batched_tokens > knobs.max_num_batched_tokens
+
+
+def test_concurrency_bound_raises_max_num_seqs() -> None:
+    knobs = Knobs(8192, 32, 0.92)
+    snap = make_snapshot(knobs, rate=6.0, running_max=32.0, waiting_mean=20.0, ttft_p95=5000.0,
+                         itl_p95=20.0, itl_mean=12.0, prompt=(300.0, 600.0))  # fmt: skip
+    r = run_search(snap, knobs)
+    assert r.best is not None, r.reason
+    assert r.best.max_num_seqs > knobs.max_num_seqs
+
+
+def test_kv_bound_may_raise_memory_only_a_little_above_stable() -> None:
+    knobs = Knobs(8192, 256, 0.88)
+    snap = make_snapshot(knobs, kv_max=0.98, preemption_rate=1.0)
+    r = run_search(snap, knobs, stable_gmu=0.88)
+    if r.best is not None:
+        assert r.best.gpu_memory_utilization <= 0.88 + 0.02 + 1e-9
+        assert r.best.max_num_seqs <= knobs.max_num_seqs
+
+
+@pytest.mark.parametrize("itl", [80.0, 30.0])
+def test_candidates_respect_bounds_and_steps(itl: float) -> None:
+    bounds = Bounds(
+        KnobBounds(2048, 8192, 1024), KnobBounds(64, 1024, 64), KnobBounds(0.8, 0.93, 0.01)
+    )
+    r = run_search(make_snapshot(itl_p95=itl, itl_mean=20.0), bounds=bounds)
+    if r.best is not None:
+        assert bounds.contains(r.best)
+        assert bounds.within_step(KNOBS, r.best)
+
+
+def test_never_proposes_a_forbidden_neighbourhood() -> None:
+    oom = InfeasibleConfig(Knobs(4096, 1024, 0.92), "OOMKilled", T0, "OOMKilled")
+    r = run_search(make_snapshot(itl_p95=80.0, itl_mean=25.0), infeasible=(oom,))
+    assert r.best is not None
+    assert is_forbidden(r.best, (oom,)) is None
+    assert r.best.max_num_batched_tokens < 4096
+
+
+def test_forbidden_neighbourhood_semantics() -> None:
+    oom = InfeasibleConfig(Knobs(8192, 512, 0.92), "OOMKilled", T0, "OOMKilled")
+    assert is_forbidden(Knobs(8192, 512, 0.92), [oom])
+    assert is_forbidden(Knobs(16384, 256, 0.95), [oom])  # more memory pressure on both axes
+    assert is_forbidden(Knobs(8192, 512, 0.90), [oom]) is None  # less memory
+    assert is_forbidden(Knobs(4096, 512, 0.95), [oom]) is None  # smaller activation peak
+    slow = InfeasibleConfig(Knobs(8192, 512, 0.92), "SLO regression", T0, "Regression")
+    assert is_forbidden(Knobs(8192, 512, 0.92), [slow])
+    assert is_forbidden(Knobs(16384, 512, 0.95), [slow]) is None
+
+
+def test_small_gains_are_not_worth_a_rollout() -> None:
+    r = run_search(make_snapshot(), min_gain_pct=1e9)
+    assert not r.worth_rollout
+    assert "worth a rollout" in r.reason or "best" in r.reason

@@ -1,0 +1,170 @@
+"""The engine's clock, API contract, reality knobs and failure modes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from vllm_sim.engine import Engine
+from vllm_sim.types import (
+    EngineConfig,
+    EngineCrashed,
+    Reality,
+    Request,
+    StartupError,
+    TokenEvent,
+)
+
+CFG = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=4096)
+
+
+def test_a_lone_request_prefills_in_one_step_then_decodes_one_token_per_step() -> None:
+    eng = Engine(CFG)
+    [rec] = eng.run([Request("a", 1000, 20, 0.5)])
+    assert rec.first_scheduled_time == 0.5 and rec.queue_time == 0.0
+    prefill = eng.steptime.step_time(1000, 1, 0, 1000 * 1001 / 2)
+    assert rec.ttft == pytest.approx(prefill)
+    assert rec.output_len == 20 and len(rec.itl) == 19
+    expected = [eng.steptime.step_time(1, 1, 1000 + i, 1001 + i) for i in range(19)]
+    np.testing.assert_allclose(rec.itl, expected, rtol=1e-9)
+    assert rec.finish_time == pytest.approx(rec.first_token_time + sum(expected))  # type: ignore[operator]
+    assert eng.now == rec.finish_time
+
+
+def test_requests_stop_at_max_model_len() -> None:
+    eng = Engine(dataclasses.replace(CFG, max_model_len=2048))
+    [rec] = eng.run([Request("a", 2000, 500)])
+    assert rec.output_len == 48 and rec.finish_reason == "length"
+
+
+def test_run_until_runs_steps_that_start_before_t() -> None:
+    eng = Engine(CFG)
+    eng.add_request(Request("a", 100, 50, 1.0))
+    eng.run_until(0.5)
+    assert eng.now == 0.5 and eng.has_unfinished()
+    assert eng.next_event_time() == pytest.approx(
+        1.0 + eng.steptime.step_time(100, 1, 0, 100 * 101 / 2)
+    )
+    eng.run_until(1.0)  # the step at 1.0 does not start before 1.0
+    assert eng.now == 1.0
+    end = eng.next_event_time()
+    assert end is not None and end > 1.0
+    eng.run_until(1.0 + 1e-9)
+    assert eng.now == end  # the step that started ran to its end
+    events: list[TokenEvent] = []
+    eng.run_until(100.0, on_tokens=events.extend)
+    assert eng.now == 100.0 and not eng.has_unfinished()
+    assert [e.index for e in events] == list(range(1, 50))  # token 0 came before we listened
+    assert events[-1].finished and events[-1].finish_reason == "length"
+    assert all(a.time <= b.time for a, b in zip(events, events[1:], strict=False))
+    assert eng.next_event_time() is None
+    [rec] = eng.pop_finished()
+    assert rec.request_id == "a" and eng.pop_finished() == []
+
+
+def test_a_late_arrival_is_seen_by_the_next_step_and_keeps_its_arrival_time() -> None:
+    eng = Engine(CFG)
+    eng.add_request(Request("a", 2000, 5, 0.0))
+    eng.run_until(1e-6)  # runs the first step past its start
+    assert eng.now > 0.01
+    eng.add_request(Request("b", 10, 2, 0.001))
+    eng.run_until(10.0)
+    recs = {r.request_id: r for r in eng.pop_finished()}
+    assert recs["b"].first_scheduled_time == pytest.approx(recs["a"].first_token_time)
+    assert recs["b"].queue_time == pytest.approx(recs["b"].first_scheduled_time - 0.001)  # type: ignore[operator]
+
+
+def test_invalid_requests_are_refused() -> None:
+    eng = Engine(CFG)
+    with pytest.raises(ValueError, match="maximum context length is 4096"):
+        eng.add_request(Request("a", 4096, 1))
+    eng.add_request(Request("b", 10, 1))
+    with pytest.raises(ValueError, match="duplicate"):
+        eng.add_request(Request("b", 10, 1))
+
+
+def test_abort_frees_the_cache_and_is_recorded() -> None:
+    eng = Engine(CFG)
+    eng.add_request(Request("a", 3000, 1000))
+    eng.add_request(Request("b", 3000, 1000, 5.0))
+    eng.run_until(0.5)
+    assert eng.sched.pool.usage() > 0
+    eng.abort_request("a")
+    eng.abort_request("b")  # not yet arrived
+    assert eng.sched.pool.usage() == 0 and not eng.has_unfinished()
+    recs = eng.pop_finished()
+    assert {r.finish_reason for r in recs} == {"abort"}
+    assert eng.metrics.request_success.value("abort") == 2
+
+
+def test_startup_errors_surface_from_the_constructor() -> None:
+    with pytest.raises(StartupError, match="No available memory for the cache blocks"):
+        Engine(EngineConfig(model="meta-llama/Llama-2-70b-hf", tensor_parallel_size=2,
+                            gpu_memory_utilization=0.8))  # fmt: skip
+
+
+def workload(n: int, rate: float, seed: int = 0) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate, n))
+    return [
+        Request(f"r{i}", int(rng.integers(100, 1500)), int(rng.integers(20, 300)), float(t[i]))
+        for i in range(n)
+    ]
+
+
+def test_oom_hazard_is_seeded_and_only_above_the_threshold() -> None:
+    reality = Reality(oom_above_utilization=0.93, oom_min_batched_tokens=4096, oom_mean_time_s=5)
+    hot = dataclasses.replace(CFG, gpu_memory_utilization=0.95)
+    crash_times = []
+    for _ in range(2):
+        eng = Engine(hot, reality, seed=11)
+        for r in workload(400, 20):
+            eng.add_request(r)
+        with pytest.raises(EngineCrashed):
+            eng.run_until(1000.0)
+        crash_times.append(eng.now)
+        with pytest.raises(EngineCrashed):  # dead stays dead
+            eng.run_until(2000.0)
+    assert crash_times[0] == crash_times[1]
+    other = Engine(hot, reality, seed=12)
+    with pytest.raises(EngineCrashed):
+        other.run_until(1000.0)
+    assert other.now != crash_times[0]
+    # below the utilization threshold, or with a small token budget: no hazard
+    Engine(CFG, reality).run(workload(100, 20))
+    small = dataclasses.replace(hot, max_num_batched_tokens=2048)
+    Engine(small, reality).run(workload(100, 20))
+
+
+def test_per_request_overhead_and_jitter() -> None:
+    reqs = workload(200, 10, seed=2)
+    base = Engine(CFG).run(reqs)
+    slow = Engine(CFG, Reality(per_request_overhead_s=0.01)).run(reqs)
+    assert np.mean([r.ttft for r in slow]) > np.mean([r.ttft for r in base]) + 0.009  # type: ignore[misc]
+    j1 = Engine(CFG, Reality(step_jitter=0.2), seed=1).run(reqs)
+    j2 = Engine(CFG, Reality(step_jitter=0.2), seed=1).run(reqs)
+    j3 = Engine(CFG, Reality(step_jitter=0.2), seed=2).run(reqs)
+    assert [r.finish_time for r in j1] == [r.finish_time for r in j2]
+    assert [r.finish_time for r in j1] != [r.finish_time for r in j3]
+    gaps = np.concatenate([r.itl for r in j1])
+    base_gaps = np.concatenate([r.itl for r in base])
+    assert np.std(gaps / np.mean(gaps)) > np.std(base_gaps / np.mean(base_gaps)) + 0.1
+    assert np.mean(gaps) == pytest.approx(np.mean(base_gaps), rel=0.1)
+
+
+def test_jitter_skip_ahead_equals_step_by_step() -> None:
+    reqs = workload(150, 3, seed=4)
+    fast = Engine(CFG, Reality(step_jitter=0.3), seed=5, fast=True).run(reqs)
+    slow = Engine(CFG, Reality(step_jitter=0.3), seed=5, fast=False).run(reqs)
+    np.testing.assert_allclose([r.finish_time for r in fast], [r.finish_time for r in slow],
+                               rtol=1e-9)  # fmt: skip
+
+
+def test_record_itl_off_keeps_timings() -> None:
+    reqs = workload(50, 5, seed=6)
+    on = Engine(CFG).run(reqs)
+    off = Engine(CFG, record_itl=False).run(reqs)
+    assert all(r.itl == [] for r in off)
+    assert [r.finish_time for r in on] == [r.finish_time for r in off]

@@ -1,0 +1,150 @@
+"""Knob defaults, validation, KV sizing and vLLM's start-up failures (vllm.md §2.2, §3, §7)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from vllm_sim.catalog import load_gpu, load_model
+from vllm_sim.kv import cudagraph_capture_sizes, kv_cache_info, resolve_config
+from vllm_sim.types import EngineConfig, StartupError
+
+L8 = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def info(cfg: EngineConfig):  # type: ignore[no-untyped-def]
+    model, gpu = load_model(cfg.model), load_gpu(cfg.gpu)
+    resolved = resolve_config(cfg, model, gpu)
+    return resolved, kv_cache_info(resolved, model, gpu)
+
+
+# vllm.md §2.2, API-server column.
+@pytest.mark.parametrize(
+    ("gpu", "mnbt", "mns"),
+    [
+        ("H100", 8192, 1024),
+        ("H200", 8192, 1024),
+        ("B200", 16384, 1024),
+        ("A100-80GB", 2048, 256),
+        ("A100-40GB", 2048, 256),
+        ("L40S", 2048, 256),
+    ],
+)
+def test_default_batch_knobs_per_gpu(gpu: str, mnbt: int, mns: int) -> None:
+    resolved, _ = info(EngineConfig(model=L8, gpu=gpu, max_model_len=8192))
+    assert (resolved.max_num_batched_tokens, resolved.max_num_seqs) == (mnbt, mns)
+
+
+def test_max_model_len_defaults_to_the_models_context() -> None:
+    resolved, _ = info(EngineConfig(model="meta-llama/Llama-2-7b-hf"))
+    assert resolved.max_model_len == 4096
+
+
+def test_post_processing_caps_tokens_by_seqs_times_len_and_seqs_by_tokens() -> None:
+    # step 5: mnbt = min(max_num_seqs * max_model_len, mnbt) when mnbt was not set
+    resolved, _ = info(EngineConfig(model=L8, max_num_seqs=2, max_model_len=1024))
+    assert resolved.max_num_batched_tokens == 2048
+    # step 6: max_num_seqs = min(max_num_seqs, mnbt) when max_num_seqs was not set
+    resolved, _ = info(EngineConfig(model=L8, max_num_batched_tokens=512, max_model_len=4096))
+    assert resolved.max_num_seqs == 512
+    # neither applies to values the user set
+    resolved, _ = info(EngineConfig(model=L8, max_num_seqs=4, max_num_batched_tokens=16384,
+                                    max_model_len=1024))  # fmt: skip
+    assert resolved.max_num_batched_tokens == 16384
+
+
+def test_validation_like_scheduler_config() -> None:
+    with pytest.raises(StartupError, match=r"max_num_batched_tokens \(64\) must be greater than "
+                       r"or equal to max_num_seqs \(128\)"):  # fmt: skip
+        info(EngineConfig(model=L8, max_num_batched_tokens=64, max_num_seqs=128))
+    with pytest.raises(StartupError, match="is smaller than max_model_len"):
+        info(EngineConfig(model=L8, max_num_batched_tokens=2048, max_model_len=4096,
+                          enable_chunked_prefill=False))  # fmt: skip
+    with pytest.raises(StartupError, match="long_prefill_token_threshold"):
+        info(EngineConfig(model=L8, max_model_len=4096, long_prefill_token_threshold=5000))
+    with pytest.raises(StartupError, match="greater than the derived max_model_len"):
+        info(EngineConfig(model="meta-llama/Llama-2-7b-hf", max_model_len=8192))
+
+
+def test_chunked_prefill_off_raises_the_default_budget_to_max_model_len() -> None:
+    resolved, _ = info(EngineConfig(model=L8, gpu="A100-80GB", max_model_len=8192,
+                                    enable_chunked_prefill=False))  # fmt: skip
+    assert resolved.max_num_batched_tokens == 8192
+
+
+def test_utilization_above_what_is_free_fails_like_vllm() -> None:
+    with pytest.raises(StartupError, match=r"^Free memory on device cuda:0 .* is less than "
+                       "desired GPU memory utilization"):  # fmt: skip
+        info(EngineConfig(model=L8, gpu_memory_utilization=0.999, max_model_len=4096))
+    info(EngineConfig(model=L8, gpu_memory_utilization=0.98, max_model_len=4096))
+
+
+def test_no_memory_for_cache_blocks() -> None:
+    # Llama-2-70B at TP2 holds ~64 GiB of weights per GPU: 80% of an H100 is not enough.
+    with pytest.raises(StartupError, match=r"^No available memory for the cache blocks\. Try "
+                       "increasing `gpu_memory_utilization`"):  # fmt: skip
+        info(EngineConfig(model="meta-llama/Llama-2-70b-hf", tensor_parallel_size=2,
+                          gpu_memory_utilization=0.8))  # fmt: skip
+
+
+def test_one_max_len_request_must_fit() -> None:
+    with pytest.raises(StartupError) as exc:
+        info(EngineConfig(model=L8, gpu="L40S", gpu_memory_utilization=0.5))
+    msg = str(exc.value)
+    assert msg.startswith("To serve at least one request with the model's max seq len (131072)")
+    estimated = int(msg.split("estimated maximum model length is ")[1].split(".")[0])
+    assert 0 < estimated < 131072
+
+
+def test_weights_that_cannot_load_are_a_cuda_oom() -> None:
+    with pytest.raises(StartupError, match="CUDA out of memory"):
+        info(EngineConfig(model="meta-llama/Llama-3.1-70B-Instruct", max_model_len=4096))
+
+
+def test_kv_blocks_match_the_logged_real_run() -> None:
+    # real-vllm-measurements.md §2: Llama-2-7B, H100, TP1, util 0.90, mbt 2048, mns 128 -> 7462.
+    _, kv = info(EngineConfig(model="meta-llama/Llama-2-7b-hf", gpu_memory_utilization=0.90,
+                              max_num_batched_tokens=2048, max_num_seqs=128))  # fmt: skip
+    assert kv.num_gpu_blocks == pytest.approx(7462, rel=0.03)
+    assert kv.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2
+
+
+def test_fp8_kv_doubles_capacity() -> None:
+    base = EngineConfig(model=L8, max_model_len=8192)
+    _, bf16 = info(base)
+    _, fp8 = info(dataclasses.replace(base, kv_cache_dtype="fp8"))
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    assert fp8.num_gpu_blocks / bf16.num_gpu_blocks == pytest.approx(2.0, rel=0.02)
+
+
+def test_knobs_move_capacity_the_physical_way() -> None:
+    base = EngineConfig(model=L8, max_model_len=8192, max_num_seqs=256, max_num_batched_tokens=2048)
+    _, kv = info(base)
+    _, more_util = info(dataclasses.replace(base, gpu_memory_utilization=0.95))
+    per_block = kv.kv_bytes_per_token * kv.block_size
+    gained = (more_util.requested_memory_bytes - kv.requested_memory_bytes) / per_block
+    assert more_util.num_gpu_blocks - kv.num_gpu_blocks == pytest.approx(gained, abs=1)
+    _, big_budget = info(dataclasses.replace(base, max_num_batched_tokens=16384))
+    assert big_budget.num_gpu_blocks < kv.num_gpu_blocks  # bigger activation peak
+    _, many_seqs = info(dataclasses.replace(base, max_num_seqs=1024))
+    assert many_seqs.num_gpu_blocks < kv.num_gpu_blocks  # more CUDA graphs, bigger sampler
+    _, tp2 = info(dataclasses.replace(base, tensor_parallel_size=2))
+    assert tp2.num_gpu_blocks > 2 * kv.num_gpu_blocks  # half the weights and half the heads
+    assert kv.kv_cache_size_tokens == int(kv.max_concurrency * 8192)
+    assert kv.kv_cache_size_tokens <= kv.num_gpu_blocks * kv.block_size
+
+
+def test_capture_sizes_follow_the_default_rule() -> None:
+    sizes = cudagraph_capture_sizes(1024, 8192, sm100=False)
+    assert len(sizes) == 51 and sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 512  # vllm.md §7
+    small = cudagraph_capture_sizes(100, 2048, sm100=False)
+    assert max(small) == 200 and 100 in small
+    assert max(cudagraph_capture_sizes(1024, 8192, sm100=True)) == 1024
+
+
+def test_block_override_is_used_but_must_hold_one_full_request() -> None:
+    _, kv = info(EngineConfig(model=L8, max_model_len=1024, num_gpu_blocks_override=100))
+    assert kv.num_gpu_blocks == 100
+    with pytest.raises(StartupError, match="To serve at least one request"):
+        info(EngineConfig(model=L8, max_model_len=1024, num_gpu_blocks_override=60))

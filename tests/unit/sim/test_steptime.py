@@ -1,0 +1,115 @@
+"""The step-time roofline never beats physics and moves the way the knobs say it should."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from vllm_sim.catalog import MODEL_CONFIGS, gpu_names, load_gpu, load_model
+from vllm_sim.steptime import StepTimeModel
+
+
+def floor_seconds(name: str, gpu_name: str, tp: int, n_tokens: int, ctx: int) -> float:
+    """Bytes at peak bandwidth and FLOPs at peak compute, computed from config.json alone.
+
+    Lower bounds only: MoE counts just the experts the tokens must touch (top-k), attention
+    FLOPs are left out.
+    """
+    c = MODEL_CONFIGS[name]
+    h, inter, layers, vocab = (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"],
+                               c["vocab_size"])  # fmt: skip
+    heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    attn = h * (2 * heads * 128 + 2 * kv * 128)
+    experts = c.get("num_experts_per_tok", 1)
+    per_token_params = layers * (attn + experts * 3 * h * inter)
+    weight_bytes = (per_token_params + vocab * h) * 2 / tp
+    kv_bytes = ctx * 2 * layers * max(1, kv // tp) * 128 * 2
+    gpu = load_gpu(gpu_name)
+    flops = 2 * per_token_params * n_tokens / tp
+    return max((weight_bytes + kv_bytes) / gpu.hbm_bandwidth, flops / gpu.bf16_flops)
+
+
+def model_for(name: str, gpu: str, tp: int) -> StepTimeModel:
+    m = load_model(name)
+    return StepTimeModel(m, load_gpu(gpu), tp, m.kv_bytes_per_token(tp, 2))
+
+
+SHAPES = [  # (tokens, seqs, context read)
+    (1, 1, 0),
+    (1, 1, 4000),
+    (8, 8, 8 * 160),
+    (256, 256, 256 * 800),
+    (512, 1, 0),
+    (2048, 1, 0),
+    (8192, 4, 6000),
+    (16384, 2, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "gpu", "tp"),
+    [(n, g, tp) for n, g, tp in itertools.product(sorted(MODEL_CONFIGS), gpu_names(), (1, 2, 4, 8))
+     if MODEL_CONFIGS[n]["num_attention_heads"] % tp == 0],
+)  # fmt: skip
+def test_never_beats_the_physical_floor(name: str, gpu: str, tp: int) -> None:
+    st = model_for(name, gpu, tp)
+    for n, seqs, ctx in SHAPES:
+        pairs = ctx + n * (n + 1) / 2
+        t = st.step_time(n, seqs, ctx, pairs)
+        assert t >= floor_seconds(name, gpu, tp, n, ctx), (n, seqs, ctx)
+    # the vectorised decode path obeys the same floor
+    times = st.decode_times(64, 64 * 500, 5)
+    for i, t in enumerate(times):
+        assert t >= floor_seconds(name, gpu, tp, 64, 64 * 500 + i * 64)
+
+
+def test_decode_is_memory_bound_and_prefill_compute_bound() -> None:
+    st = model_for("meta-llama/Llama-3.1-8B-Instruct", "H100", 1)
+    one = st.step_time(1, 1, 100, 101)
+    eight = st.step_time(8, 8, 800, 808)
+    assert eight < 1.2 * one  # batching decodes is nearly free: weights dominate
+    p1k = st.step_time(1024, 1, 0, 1024 * 1025 / 2)
+    p8k = st.step_time(8192, 1, 0, 8192 * 8193 / 2)
+    assert p8k > 6 * (p1k - 0.004)  # compute grows with tokens once weights are amortised
+    # simulator-calibration.md §1.2: 1024-token prefill of 8B on H100 roughly 25-35 ms
+    assert 0.015 < p1k < 0.045
+
+
+def test_more_context_and_more_tokens_take_longer() -> None:
+    st = model_for("Qwen/Qwen2.5-32B-Instruct", "A100-80GB", 2)
+    assert st.step_time(64, 64, 64 * 2000, 64 * 2001) > st.step_time(64, 64, 64 * 200, 64 * 201)
+    ts = [st.step_time(n, 1, 0, n * (n + 1) / 2) for n in (128, 512, 2048, 8192)]
+    assert ts == sorted(ts)
+
+
+def test_vectorised_decode_matches_step_by_step() -> None:
+    st = model_for("mistralai/Mixtral-8x7B-Instruct-v0.1", "H100", 2)
+    d, ctx0 = 37, 37 * 611
+    fast = st.decode_times(d, ctx0, 50)
+    slow = [st.step_time(d, d, ctx0 + i * d, ctx0 + i * d + d) for i in range(50)]
+    np.testing.assert_allclose(fast, slow, rtol=1e-12)
+
+
+def test_tensor_parallel_speeds_up_but_adds_communication() -> None:
+    one = model_for("meta-llama/Llama-3.1-70B-Instruct", "H100", 4)
+    two = model_for("meta-llama/Llama-3.1-70B-Instruct", "H100", 8)
+    t4 = one.step_time(32, 32, 32 * 1000, 32 * 1001)
+    t8 = two.step_time(32, 32, 32 * 1000, 32 * 1001)
+    assert t8 < t4 < 2 * t8  # not a perfect halving
+
+
+def test_reality_efficiencies_slow_the_matching_regime() -> None:
+    m = load_model("meta-llama/Llama-3.1-8B-Instruct")
+    gpu = load_gpu("H100")
+    kvb = m.kv_bytes_per_token(1, 2)
+    base = StepTimeModel(m, gpu, 1, kvb)
+    slow_bw = StepTimeModel(m, gpu, 1, kvb, bandwidth_efficiency=0.5)
+    slow_mfu = StepTimeModel(m, gpu, 1, kvb, compute_efficiency=0.5)
+    decode = (8, 8, 8000, 8008)
+    prefill = (8192, 1, 0, 8192 * 8193 / 2)
+    assert slow_bw.step_time(*decode) > 1.5 * base.step_time(*decode) - 0.01
+    assert slow_bw.step_time(*prefill) == pytest.approx(base.step_time(*prefill))
+    assert slow_mfu.step_time(*prefill) > 1.7 * base.step_time(*prefill) - 0.01
+    assert slow_mfu.step_time(*decode) == pytest.approx(base.step_time(*decode))
