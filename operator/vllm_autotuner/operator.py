@@ -109,23 +109,25 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Contr
         )
 
     # Indexes keep what every reconcile needs in memory, so an idle cycle makes no API call.
-    @kopf.index(GROUP, VERSION, POLICIES, registry=registry)
+    @kopf.index(GROUP, VERSION, POLICIES, id="policy_index", registry=registry)
     def policy_index(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
         return {name: dict(spec)}
 
-    @kopf.index("", "v1", "namespaces", registry=registry)
+    @kopf.index("", "v1", "namespaces", id="namespace_index", registry=registry)
     def namespace_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
         return {name: dict(labels)}
 
     managed = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
 
-    @kopf.index("apps", "v1", "deployments", labels=managed, registry=registry)
+    @kopf.index(
+        "apps", "v1", "deployments", labels=managed, id="deployment_index", registry=registry
+    )
     def deployment_index(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> dict[str, dict[str, Any]]:
         return {_child_key(namespace, name): dict(body)}
 
-    @kopf.index("", "v1", "services", labels=managed, registry=registry)
+    @kopf.index("", "v1", "services", labels=managed, id="service_index", registry=registry)
     def service_index(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> dict[str, dict[str, Any]]:
@@ -165,7 +167,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Contr
     async def reconcile_periodically(body: kopf.Body, **kwargs: Any) -> None:
         await run_reconcile(dict(body), kwargs)
 
-    @kopf.on.event(GROUP, VERSION, DEPLOYMENTS, registry=registry)
+    @kopf.on.event(GROUP, VERSION, DEPLOYMENTS, id="spec_changed", registry=registry)
     async def reconcile_on_change(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
         """React at once to a new generation instead of waiting for the timer."""
         if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
@@ -177,7 +179,9 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Contr
             return
         await run_reconcile(dict(body), kwargs)
 
-    @kopf.on.event("apps", "v1", "deployments", labels=managed, registry=registry)
+    @kopf.on.event(
+        "apps", "v1", "deployments", labels=managed, id="child_changed", registry=registry
+    )
     async def reconcile_owner(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
         """A child changed (became available, was edited or deleted): reconcile its owner."""
         owners = [

@@ -91,7 +91,7 @@ class Api:
 def emulator() -> Iterator[EmulatorServer]:
     server = EmulatorServer(host="127.0.0.1", port=0)
     for crd in render_crds():
-        server.register_crd(crd)
+        server.emulator.register_crd(crd)
     server.start_in_thread()
     try:
         yield server
@@ -191,6 +191,13 @@ def test_create_update_delete_lifecycle(emulator: EmulatorServer, api: Api) -> N
         assert "--max-model-len" in args_of(updated)
         wait_for(lambda: observed(2), 10, message="observedGeneration 2")
 
+        # The operator kept its hands off what lives in Git: spec, labels, annotations.
+        live = api.get(f"{CR_PATH}/llama") or {}
+        assert live["spec"]["knobs"] == {"maxNumSeqs": 256}
+        assert live["spec"]["replicas"] == 2
+        assert live["metadata"]["labels"] == CR["metadata"]["labels"]
+        assert live["metadata"]["annotations"] == CR["metadata"]["annotations"]
+
         # Deleting the CR removes its children through their owner references.
         api.delete(f"{CR_PATH}/llama")
         wait_for(lambda: api.get(f"{CR_PATH}/llama") is None, 20, message="CR gone")
@@ -200,7 +207,7 @@ def test_create_update_delete_lifecycle(emulator: EmulatorServer, api: Api) -> N
     # From the emulator's request log: nothing ever wrote the CR's spec except the test itself.
     writes = [
         r
-        for r in emulator.requests
+        for r in emulator.emulator.requests
         if r.resource == "vllmdeployments"
         and r.verb in ("update", "patch", "create")
         and r.user_agent != "integration-test"

@@ -237,6 +237,8 @@ class PrometheusServer:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as exc:
             body = json.loads(exc.read() or b"{}")
+        except (urllib.error.URLError, OSError) as exc:
+            raise PrometheusError(f"{self.url}{path}: {exc}") from exc
         if body.get("status") != "success":
             raise PrometheusError(f"{path} failed: {body.get('errorType')}: {body.get('error')}")
         return body["data"]

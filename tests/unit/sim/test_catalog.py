@@ -50,7 +50,9 @@ def test_mixtral_activates_two_of_eight_experts() -> None:
     # One token reads two experts per layer; a large batch reads all eight.
     one = m.streamed_weight_bytes(1)
     many = m.streamed_weight_bytes(4096)
-    assert many / one == pytest.approx(m.total_params / (m.total_params - 6 * 32 * m.expert_params), rel=0.05)
+    assert many / one == pytest.approx(
+        m.total_params / (m.total_params - 6 * 32 * m.expert_params), rel=0.05
+    )
 
 
 def test_kv_heads_are_replicated_when_tp_exceeds_them() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -44,13 +45,11 @@ def test_run_until_runs_steps_that_start_before_t() -> None:
     eng.add_request(Request("a", 100, 50, 1.0))
     eng.run_until(0.5)
     assert eng.now == 0.5 and eng.has_unfinished()
-    assert eng.next_event_time() == pytest.approx(
-        1.0 + eng.steptime.step_time(100, 1, 0, 100 * 101 / 2)
-    )
+    assert eng.next_event_time() == 1.0  # idle: the next thing that happens is the arrival
     eng.run_until(1.0)  # the step at 1.0 does not start before 1.0
     assert eng.now == 1.0
     end = eng.next_event_time()
-    assert end is not None and end > 1.0
+    assert end == pytest.approx(1.0 + eng.steptime.step_time(100, 1, 0, 100 * 101 / 2))
     eng.run_until(1.0 + 1e-9)
     assert eng.now == end  # the step that started ran to its end
     events: list[TokenEvent] = []
@@ -58,7 +57,7 @@ def test_run_until_runs_steps_that_start_before_t() -> None:
     assert eng.now == 100.0 and not eng.has_unfinished()
     assert [e.index for e in events] == list(range(1, 50))  # token 0 came before we listened
     assert events[-1].finished and events[-1].finish_reason == "length"
-    assert all(a.time <= b.time for a, b in zip(events, events[1:], strict=False))
+    assert all(a.time <= b.time for a, b in itertools.pairwise(events))
     assert eng.next_event_time() is None
     [rec] = eng.pop_finished()
     assert rec.request_id == "a" and eng.pop_finished() == []
@@ -148,10 +147,12 @@ def test_per_request_overhead_and_jitter() -> None:
     j3 = Engine(CFG, Reality(step_jitter=0.2), seed=2).run(reqs)
     assert [r.finish_time for r in j1] == [r.finish_time for r in j2]
     assert [r.finish_time for r in j1] != [r.finish_time for r in j3]
-    gaps = np.concatenate([r.itl for r in j1])
-    base_gaps = np.concatenate([r.itl for r in base])
-    assert np.std(gaps / np.mean(gaps)) > np.std(base_gaps / np.mean(base_gaps)) + 0.1
-    assert np.mean(gaps) == pytest.approx(np.mean(base_gaps), rel=0.1)
+    # a lone decoding request shows the noise itself: relative std 0.2, mean kept
+    [quiet] = Engine(CFG).run([Request("x", 100, 3000)])
+    [noisy] = Engine(CFG, Reality(step_jitter=0.2), seed=3).run([Request("x", 100, 3000)])
+    ratio = np.asarray(noisy.itl) / np.asarray(quiet.itl)
+    assert np.std(ratio) == pytest.approx(0.2, rel=0.1)
+    assert np.mean(ratio) == pytest.approx(1.0, abs=0.02)
 
 
 def test_jitter_skip_ahead_equals_step_by_step() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,16 +101,19 @@ def test_invariants_hold_at_every_step_and_every_request_finishes(case: Case) ->
         assert rec.finish_reason == "length"
         assert len(rec.itl) == rec.output_len - 1
         assert rec.first_token_time is not None and rec.first_scheduled_time is not None
-        assert req.arrival_time <= rec.first_scheduled_time < rec.first_token_time <= rec.finish_time
+        assert (
+            req.arrival_time <= rec.first_scheduled_time < rec.first_token_time <= rec.finish_time
+        )
         assert all(g > 0 for g in rec.itl)
-        assert sum(rec.itl) == np.float64(rec.finish_time - rec.first_token_time) or abs(
-            sum(rec.itl) - (rec.finish_time - rec.first_token_time)
-        ) < 1e-9
+        assert (
+            sum(rec.itl) == np.float64(rec.finish_time - rec.first_token_time)
+            or abs(sum(rec.itl) - (rec.finish_time - rec.first_token_time)) < 1e-9
+        )
         if not case.caching:
             assert rec.cached_tokens == 0
         assert rec.cached_tokens <= req.prompt_len - 1
     # time only moves forward
-    for a, b in zip(steps, steps[1:], strict=False):
+    for a, b in itertools.pairwise(steps):
         assert b.start >= a.end - 1e-12
 
 
@@ -152,7 +156,9 @@ def test_token_budget_chunks_a_long_prefill_and_decodes_go_first() -> None:
     long = next(r for r in records if r.request_id == "long")
     short = next(r for r in records if r.request_id == "short")
     # 500 tokens through a 64-token budget shared with one decode: ceil(500/63) steps at least
-    prefill_steps = [s for s in steps if long.first_scheduled_time <= s.start < long.first_token_time]  # type: ignore[operator]
+    prefill_steps = [
+        s for s in steps if long.first_scheduled_time <= s.start < long.first_token_time
+    ]  # type: ignore[operator]
     assert len(prefill_steps) >= 8
     # the short request kept decoding every step meanwhile: its gaps stay one step long
     assert short.output_len == 50 and max(short.itl) < 3 * min(short.itl)

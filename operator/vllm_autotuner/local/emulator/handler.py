@@ -39,6 +39,7 @@ PATCH_TYPES = {
     "application/strategic-merge-patch+json": "strategic",
     "application/apply-patch+yaml": "apply",
 }
+_BINARY_TYPES = frozenset({"application/vnd.kubernetes.protobuf", "application/cbor"})
 _VERSION_RE = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
 
 
@@ -420,6 +421,14 @@ class KubernetesAPIEmulator(kmock.KubernetesScaffold):
             raise errors.bad_request("a namespace is required for a namespaced resource")
         namespace = path.namespace if rt.namespaced else None
 
+        if request.body and record.content_type in _BINARY_TYPES:
+            # No protobuf or CBOR decoding here; real clients retry with JSON after a 415.
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types "
+                f"include: application/json, application/yaml, {', '.join(PATCH_TYPES)}",
+            )
         if record.verb == "watch":
             assert raw is not None
             selector = _selector(params, path.name)

@@ -1,0 +1,436 @@
+"""The pod runner against the API emulator and real `vllm-sim serve` processes.
+
+Everything goes through the API as a user (or the operator) would: a Deployment is created
+over HTTP and the test watches Pods, ReplicaSets and the Deployment's status, plus the processes
+themselves in /proc. One emulator and one runner serve the module; each test has its namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.kube import KubeHandle, running_emulator
+from tests.support.waiting import wait_for
+from vllm_autotuner.local.pods import PORT_ANNOTATION, PodRunner, RunnerConfig
+from vllm_autotuner.local.runner.container import serve_args, termination_reason, with_local_address
+from vllm_autotuner.local.runner.workloads import (
+    RevisionCounts,
+    Strategy,
+    rolling_targets,
+    strategy_of,
+    template_hash,
+)
+
+MODEL = "Qwen/Qwen2.5-7B-Instruct"
+BACKOFF_SCALE = 10.0  # crash back-off 1 s, 2 s, 4 s ... instead of 10 s, 20 s, 40 s
+SIM_ENV = {"VLLM_SIM_LOAD_TIME": "0.2", "VLLM_SIM_TIME_SCALE": "1"}
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def test_serve_args_accept_the_forms_vllm_is_started_with() -> None:
+    rendered = serve_args(["vllm", "serve"], [MODEL, "--port", "8000"])
+    assert rendered == [MODEL, "--port", "8000"]
+    assert serve_args(["python3", "-m", "vllm.entrypoints.openai.api_server"], ["--model", MODEL])[
+        :2
+    ] == ["--model", MODEL]
+    with pytest.raises(ValueError):
+        serve_args(["nginx"], [])
+    local = with_local_address(
+        [MODEL, "--port", "8000", "--host=0.0.0.0", "--max-num-seqs", "8"], 1234
+    )
+    assert "8000" not in local and "--host=0.0.0.0" not in local
+    assert local[-4:] == ["--host", "127.0.0.1", "--port", "1234"]
+    assert local[local.index("--max-num-seqs") + 1] == "8"
+
+
+def test_termination_reasons_follow_the_kubelet() -> None:
+    assert termination_reason(137, "") == "OOMKilled"
+    assert termination_reason(
+        1, "torch.OutOfMemoryError: CUDA out of memory.\nEngineDeadError"
+    ) == ("OOMKilled")
+    startup = "torch.OutOfMemoryError: CUDA out of memory.\nRuntimeError: Engine core initialization failed."
+    assert termination_reason(1, startup) == "Error"
+    assert termination_reason(0, "") == "Completed"
+    assert termination_reason(2, "usage: bad flag") == "Error"
+
+
+def test_template_hash_names_a_revision() -> None:
+    template = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"args": ["x"]}]}}
+    same = {"spec": {"containers": [{"args": ["x"]}]}, "metadata": {"labels": {"a": "1"}}}
+    other = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"args": ["y"]}]}}
+    assert template_hash(template) == template_hash(same)
+    assert template_hash(template) != template_hash(other)
+
+
+def test_strategy_rounding_and_defaults() -> None:
+    assert strategy_of({}, 4) == Strategy(recreate=False, max_surge=0, max_unavailable=1)
+    rolling = {"strategy": {"rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}}
+    assert strategy_of(rolling, 3) == Strategy(recreate=False, max_surge=1, max_unavailable=0)
+    zero = {"strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}}}
+    assert strategy_of(zero, 3).max_unavailable == 1
+    assert strategy_of({"strategy": {"type": "Recreate"}}, 2).recreate
+
+
+def test_surge_free_step_removes_before_it_adds() -> None:
+    strategy = Strategy(recreate=False, max_surge=0, max_unavailable=1)
+    old = [RevisionCounts("old", desired=2, pods=2, available=2)]
+    new, olds = rolling_targets(2, strategy, RevisionCounts("new", 0, 0, 0), old)
+    assert (new, olds) == (0, {"old": 1})
+    # Next step: room for one new pod; the old one left must keep serving until it is ready.
+    new, olds = rolling_targets(
+        2, strategy, RevisionCounts("new", 0, 0, 0), [RevisionCounts("old", 1, 1, 1)]
+    )
+    assert (new, olds) == (1, {"old": 1})
+    stalled = rolling_targets(
+        2, strategy, RevisionCounts("new", 1, 1, 0), [RevisionCounts("old", 1, 1, 1)]
+    )
+    assert stalled == (1, {"old": 1})
+
+
+# ----------------------------------------------------------------------------- cluster
+
+
+def process_running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child not yet reaped is not running)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Cluster:
+    def __init__(self, kube: KubeHandle, runner: PodRunner, targets: list[Any]) -> None:
+        self.kube = kube
+        self.runner = runner
+        self.targets = targets
+
+    def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        status, payload = self.kube.http(method, path, body, **kw)
+        assert status < 400, (status, payload)
+        return payload
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        status, payload = self.kube.http("GET", path)
+        if status == 404:
+            return None
+        assert status == 200, payload
+        return dict(payload)
+
+    def pods(self, namespace: str) -> list[dict[str, Any]]:
+        return list(self.call("GET", f"/api/v1/namespaces/{namespace}/pods")["items"])
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+
+    def create_deployment(self, namespace: str, body: dict[str, Any]) -> None:
+        self.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body)
+
+    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.call(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+            patch,
+            content_type="application/merge-patch+json",
+        )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    directory = tmp_path_factory.mktemp("runner")
+    targets: list[Any] = []
+    with running_emulator(directory) as kube:
+        config = RunnerConfig(
+            workdir=directory,
+            env=dict(SIM_ENV),
+            backoff_scale=BACKOFF_SCALE,
+            on_targets=lambda groups: targets.append(groups),
+        )
+        runner = PodRunner.for_url(kube.url, config).start_in_thread()
+        try:
+            yield Cluster(kube, runner, targets)
+        finally:
+            runner.stop()
+            leaked = [pid for pid in runner.pids() if process_running(pid)]
+            assert not leaked, f"processes left running: {leaked}"
+
+
+def deployment(
+    name: str, args: list[str], replicas: int = 1, env: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
+    labels = {"app": name}
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.11.0",
+        "command": ["vllm", "serve"],
+        "args": [MODEL, "--port", "8000", *args],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 5},
+    }
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [container], "terminationGracePeriodSeconds": 5},
+            },
+            **spec,
+        },
+    }
+
+
+def container_status(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return dict(statuses[0])
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def pid_of(pod: dict[str, Any]) -> int:
+    return int(container_status(pod)["containerID"].removeprefix("local://"))
+
+
+def health(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for entry in (obj.get("status") or {}).get("conditions") or []:
+        if entry["type"] == kind:
+            return dict(entry)
+    return {}
+
+
+def ready_pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    return [p for p in cluster.pods(namespace) if is_ready(p)]
+
+
+def test_deployment_becomes_a_ready_pod_with_a_process(cluster: Cluster) -> None:
+    ns = "one"
+    cluster.create_deployment(ns, deployment("llm", ["--max-num-seqs", "16"]))
+    pods = wait_for(lambda: ready_pods(cluster, ns), timeout=30, message="a ready pod")
+    assert len(pods) == 1
+    pod = pods[0]
+    labels = pod["metadata"]["labels"]
+    assert labels["app"] == "llm" and labels["pod-template-hash"]
+    assert pod["metadata"]["name"].startswith(f"llm-{labels['pod-template-hash']}-")
+    owner = pod["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "ReplicaSet" and owner["controller"] is True
+    replicaset = cluster.get(f"/apis/apps/v1/namespaces/{ns}/replicasets/{owner['name']}")
+    assert replicaset is not None
+    assert replicaset["metadata"]["ownerReferences"][0]["name"] == "llm"
+    port = int(pod["metadata"]["annotations"][PORT_ANNOTATION])
+    assert health(port) == 200
+    state = container_status(pod)
+    assert state["ready"] is True and "running" in state["state"] and state["restartCount"] == 0
+    assert pod["status"]["phase"] == "Running"
+    assert process_running(pid_of(pod))
+
+    def available() -> dict[str, Any] | None:
+        dep = cluster.deployment(ns, "llm")
+        status = (dep or {}).get("status") or {}
+        return dep if status.get("availableReplicas") == 1 else None
+
+    dep = wait_for(available, timeout=10, message="deployment status")
+    assert dep["status"]["observedGeneration"] == dep["metadata"]["generation"]
+    assert condition(dep, "Available")["status"] == "True"
+    assert condition(dep, "Progressing")["reason"] == "NewReplicaSetAvailable"
+    assert cluster.runner.endpoints(ns, "llm") == [
+        (pod["metadata"]["name"], f"http://127.0.0.1:{port}")
+    ]
+    group = wait_for(
+        lambda: [
+            g
+            for g in (cluster.targets[-1] if cluster.targets else [])
+            if g["labels"]["namespace"] == ns
+        ],
+        timeout=5,
+        message="a scrape target",
+    )
+    assert group == [
+        {
+            "targets": [f"127.0.0.1:{port}"],
+            "labels": {
+                "namespace": ns,
+                "pod": pod["metadata"]["name"],
+                "container": "vllm",
+                "job": "vllm",
+            },
+        }
+    ]
+
+
+def test_surge_free_rolling_update_never_runs_two_pods(cluster: Cluster) -> None:
+    ns = "roll"
+    cluster.create_deployment(ns, deployment("llm", ["--max-num-seqs", "16"]))
+    old = wait_for(lambda: ready_pods(cluster, ns), timeout=30, message="first pod")[0]
+    old_pid = pid_of(old)
+    seen_pids: set[int] = {old_pid}
+    most_running = [0]
+    stop = threading.Event()
+
+    def observe() -> None:
+        while not stop.is_set():
+            for pod in cluster.pods(ns):
+                if container_status(pod).get("containerID"):
+                    seen_pids.add(pid_of(pod))
+            most_running[0] = max(most_running[0], sum(map(process_running, list(seen_pids))))
+            stop.wait(0.02)
+
+    watcher = threading.Thread(target=observe, daemon=True)
+    watcher.start()
+    try:
+        template_args = [MODEL, "--port", "8000", "--max-num-seqs", "32"]
+        cluster.patch_deployment(
+            ns,
+            "llm",
+            {"spec": {"template": {"spec": {"containers": [
+                {**deployment("llm", [])["spec"]["template"]["spec"]["containers"][0],
+                 "args": template_args}
+            ]}}}},
+        )  # fmt: skip
+
+        def rolled() -> dict[str, Any] | None:
+            pods = cluster.pods(ns)
+            ready = [p for p in pods if is_ready(p)]
+            if len(pods) == 1 and ready and ready[0]["metadata"]["uid"] != old["metadata"]["uid"]:
+                return ready[0]
+            return None
+
+        new = wait_for(rolled, timeout=30, message="the new revision ready, the old one gone")
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert "--max-num-seqs" in new["spec"]["containers"][0]["args"]
+    assert "32" in new["spec"]["containers"][0]["args"]
+    assert (
+        new["metadata"]["labels"]["pod-template-hash"]
+        != old["metadata"]["labels"]["pod-template-hash"]
+    )
+    assert not process_running(old_pid)
+    assert most_running[0] == 1, f"{most_running[0]} processes ran at once"
+    dep = wait_for(
+        lambda: (
+            (d := cluster.deployment(ns, "llm"))
+            and condition(d, "Progressing").get("reason") == "NewReplicaSetAvailable"
+            and d["status"].get("updatedReplicas") == 1
+            and d
+        ),
+        timeout=10,
+        message="rollout complete in the deployment status",
+    )
+    assert dep["status"]["replicas"] == 1 and dep["status"]["availableReplicas"] == 1
+
+
+def test_a_revision_that_cannot_start_crash_loops_while_the_old_one_serves(
+    cluster: Cluster,
+) -> None:
+    ns = "crash"
+    cluster.create_deployment(
+        ns, deployment("llm", ["--max-num-seqs", "16"], replicas=2, progressDeadlineSeconds=3)
+    )
+    wait_for(lambda: len(ready_pods(cluster, ns)) == 2, timeout=40, message="two ready pods")
+    # The model's weights do not fit in 5% of the GPU: vLLM refuses to start.
+    bad = deployment("llm", ["--gpu-memory-utilization", "0.05"])["spec"]["template"]
+    cluster.patch_deployment(ns, "llm", {"spec": {"template": bad}})
+
+    def crash_looping() -> dict[str, Any] | None:
+        for pod in cluster.pods(ns):
+            state = container_status(pod)
+            waiting = state.get("state", {}).get("waiting", {})
+            if waiting.get("reason") == "CrashLoopBackOff" and state.get("restartCount", 0) >= 1:
+                return pod
+        return None
+
+    pod = wait_for(crash_looping, timeout=30, message="CrashLoopBackOff")
+    last = container_status(pod)["lastState"]["terminated"]
+    assert last["reason"] == "Error" and last["exitCode"] != 0
+    assert "Engine core initialization failed" in last["message"] or last["message"]
+    serving = [p for p in ready_pods(cluster, ns) if p["metadata"]["uid"] != pod["metadata"]["uid"]]
+    assert len(serving) == 1
+    assert (
+        serving[0]["metadata"]["labels"]["pod-template-hash"]
+        != pod["metadata"]["labels"]["pod-template-hash"]
+    )
+    assert health(int(serving[0]["metadata"]["annotations"][PORT_ANNOTATION])) == 200
+    dep = wait_for(
+        lambda: (
+            (d := cluster.deployment(ns, "llm"))
+            and condition(d, "Progressing").get("reason") == "ProgressDeadlineExceeded"
+            and d
+        ),
+        timeout=15,
+        message="the progress deadline",
+    )
+    assert condition(dep, "Progressing")["status"] == "False"
+    assert condition(dep, "Available")["status"] == "True"
+    assert dep["status"]["availableReplicas"] == 1
+    assert len(ready_pods(cluster, ns)) == 1
+
+
+def test_a_run_time_oom_shows_as_oomkilled(cluster: Cluster) -> None:
+    ns = "oom"
+    env = {"VLLM_SIM_OOM_ABOVE_UTILIZATION": "0.5", "VLLM_SIM_OOM_MEAN_TIME": "0.001"}
+    cluster.create_deployment(ns, deployment("llm", ["--gpu-memory-utilization", "0.9"], env=env))
+
+    def oom_killed() -> dict[str, Any] | None:
+        for pod in cluster.pods(ns):
+            port = pod["metadata"].get("annotations", {}).get(PORT_ANNOTATION)
+            last = container_status(pod).get("lastState", {}).get("terminated")
+            if last:
+                return dict(last)
+            if port and is_ready(pod):
+                # An idle engine takes no steps; one request makes it allocate, and die.
+                body = b'{"model": "%s", "prompt": "hi", "max_tokens": 4}' % MODEL.encode()
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/completions",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
+                try:
+                    urllib.request.urlopen(request, timeout=2).close()
+                except (urllib.error.URLError, OSError):
+                    pass
+        return None
+
+    last = wait_for(oom_killed, timeout=30, interval=0.2, message="a terminated container")
+    assert last["reason"] == "OOMKilled"
+
+
+def test_deleting_the_deployment_removes_pods_and_processes(cluster: Cluster) -> None:
+    ns = "gone"
+    cluster.create_deployment(ns, deployment("llm", [], replicas=2))
+    pods = wait_for(
+        lambda: len(p := ready_pods(cluster, ns)) == 2 and p, timeout=40, message="2 pods"
+    )
+    pids = [pid_of(p) for p in pods]
+    assert all(map(process_running, pids))
+    cluster.call("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/llm")
+    wait_for(lambda: not cluster.pods(ns), timeout=15, message="pods deleted")
+    wait_for(lambda: not any(map(process_running, pids)), timeout=15, message="processes gone")
+    rs = cluster.call("GET", f"/apis/apps/v1/namespaces/{ns}/replicasets")["items"]
+    assert rs == []
+    assert cluster.runner.endpoints(ns, "llm") == []
+    assert os.path.exists(f"/proc/{os.getpid()}")  # /proc works here, so the checks above mean it
