@@ -46,6 +46,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 COPY --from=builder /opt/venv /opt/venv
+# The operator starts vLLM as `vllm serve MODEL ...` (the container's command). Here `vllm` is
+# vllm-sim, so this image is a drop-in `spec.image` of a VLLMDeployment on clusters without GPUs.
+RUN ln -s vllm-sim /opt/venv/bin/vllm
 # Numeric, so that the kubelet can enforce runAsNonRoot.
 USER 65532:65532
 EXPOSE 8000

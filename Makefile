@@ -36,6 +36,7 @@ test-all: $(STAMP) prometheus
 
 crds: $(STAMP)
 	$(BIN)/vllm-autotuner crds --out crds
+	$(BIN)/python scripts/sync-chart-crds.py
 
 demo: $(STAMP) prometheus
 	$(BIN)/vllm-autotuner demo

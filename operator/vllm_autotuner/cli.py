@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import logging
+import os
 import re
 import signal
 import sys
@@ -25,6 +27,12 @@ def parse_duration(text: str) -> float:
     return value * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[unit]
 
 
+def peering_priority(pod_name: str | None) -> int:
+    """A stable, distinct-per-pod priority: kopf pauses every peer when priorities are equal."""
+    seed = pod_name or f"{os.uname().nodename}-{os.getpid()}"
+    return 1 + int(hashlib.sha256(seed.encode()).hexdigest()[:7], 16)
+
+
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run the operator against the cluster (production entry point)")
     scope = p.add_mutually_exclusive_group()
@@ -39,6 +47,12 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prometheus-timeout", type=parse_duration, default=10.0)
     p.add_argument("--prometheus-bearer-token-file", help="file with a bearer token for Prometheus")
     p.add_argument("--prometheus-ca-file", help="CA bundle for a TLS Prometheus")
+    p.add_argument(
+        "--prometheus-rate-scale",
+        type=float,
+        default=1.0,
+        help=argparse.SUPPRESS,  # simulated fleets only: vllm-sim's --sim-time-scale
+    )
     p.add_argument("--reconcile-interval", type=parse_duration, default=30.0)
     p.add_argument("--request-timeout", type=parse_duration, default=30.0)
     p.add_argument("--liveness-port", type=int, default=8080, help="serves /healthz; 0 disables")
@@ -107,8 +121,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         prometheus_timeout_s=args.prometheus_timeout,
         prometheus_bearer_token_file=args.prometheus_bearer_token_file,
         prometheus_ca_file=args.prometheus_ca_file,
+        prometheus_rate_scale=args.prometheus_rate_scale,
+        metrics_port=args.metrics_port or None,
         standalone=args.peering is None,
         peering_name=args.peering,
+        priority=peering_priority(os.environ.get("POD_NAME")) if args.peering else 0,
     )
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
 

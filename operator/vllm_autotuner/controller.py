@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -18,14 +18,28 @@ from pydantic import ValidationError
 
 from vllm_autotuner import API_VERSION
 from vllm_autotuner.adapters.kube import KubeClient, resource_path
+from vllm_autotuner.adapters.metrics import OperatorMetrics
+from vllm_autotuner.adapters.promql import SnapshotTarget
 from vllm_autotuner.api.deployment import VLLMDeploymentSpec
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
 from vllm_autotuner.core import render
 from vllm_autotuner.core.conditions import ConditionUpdate
+from vllm_autotuner.core.decide import decide
+from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
 from vllm_autotuner.core.policy import Resolution, resolve
-from vllm_autotuner.core.starting_point import starting_knobs
+from vllm_autotuner.core.snapshot import Observation, Snapshot
+from vllm_autotuner.core.starting_point import StartingPoint, starting_knobs
 from vllm_autotuner.core.status import ChildState, compute_status, readiness, status_patch
-from vllm_autotuner.core.tuning_types import Knobs
+from vllm_autotuner.core.tuning_inputs import (
+    deployment_context,
+    observed_summary,
+    pod_health,
+    ready_since,
+    strip_none,
+    tuning_policy,
+)
+from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs, TuningState
+from vllm_autotuner.observer import Observer
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +74,20 @@ def _knobs_from_status(raw: Mapping[str, Any] | None) -> Knobs | None:
 
 
 class Controller:
-    def __init__(self, kube: KubeClient, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        clock: Callable[[], datetime] = utcnow,
+        *,
+        observer: Observer | None = None,
+        metrics: OperatorMetrics | None = None,
+        model_factory: Callable[[DeploymentContext], PerformanceModel] | None = None,
+    ) -> None:
         self.kube = kube
         self.clock = clock
+        self.observer = observer or Observer(None, clock=clock)
+        self.metrics = metrics
+        self.model_factory = model_factory or (lambda ctx: AnalyticModel(ctx.gpu_product))
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
@@ -71,6 +96,9 @@ class Controller:
 
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
+        self.observer.forget((namespace, name))
+        if self.metrics is not None:
+            self.metrics.forget(namespace, name)
 
     async def reconcile(
         self,
@@ -79,12 +107,14 @@ class Controller:
         policies: Mapping[str, Mapping[str, Any]],
         namespace_labels: Mapping[str, str],
         children: Mapping[str, Mapping[str, Any] | None],
+        pods: Sequence[Mapping[str, Any]] = (),
     ) -> Outcome:
-        """`children` maps kind ("Deployment", "Service") to the live child, or None."""
+        """`children` maps kind ("Deployment", "Service") to the live child, or None; `pods`
+        are the live pods of the deployment (any revision)."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         async with self.lock(namespace, name):
-            return await self._reconcile(body, policies, namespace_labels, children)
+            return await self._reconcile(body, policies, namespace_labels, children, pods)
 
     async def _reconcile(
         self,
@@ -92,6 +122,7 @@ class Controller:
         policies: Mapping[str, Mapping[str, Any]],
         namespace_labels: Mapping[str, str],
         children: Mapping[str, Mapping[str, Any] | None],
+        pods: Sequence[Mapping[str, Any]],
     ) -> Outcome:
         meta = body["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -147,14 +178,14 @@ class Controller:
         policy_spec = _policy_spec(policies.get(policy_name)) if resolution.policy_name else None
         previous_tuning = dict(previous.get("tuning") or {})
         start = starting_knobs(spec, policy_spec)
-        if resolution.mode == "Off":
-            knobs = start.knobs  # Off: exactly what the spec says (or vLLM's defaults)
-        else:
-            knobs = _knobs_from_status(previous_tuning.get("applied")) or start.knobs
-        if start.notes and knobs == start.knobs:
-            for note in start.notes:
-                if previous_tuning.get("startNote") != note:
-                    outcome.events.append(Event("Warning", "KnobsClamped", note))
+        for note in start.notes:
+            if previous_tuning.get("startNote") != note:
+                outcome.events.append(Event("Warning", "KnobsClamped", note))
+        tuned = self._tune(
+            (namespace, name), spec, resolution, policy_spec, start, previous_tuning, pods, now
+        )
+        knobs = tuned.knobs
+        outcome.events.extend(tuned.events)
 
         owner = render.Owner(name=name, namespace=namespace, uid=str(meta["uid"]))
         desired = {
@@ -176,31 +207,120 @@ class Controller:
                 )
             )
 
-        tuning = dict(previous_tuning)
-        tuning["applied"] = knobs.to_dict()
-        tuning.setdefault("phase", "Idle" if resolution.mode == "Off" else "Observing")
-        if resolution.mode == "Off":
-            tuning["phase"] = "Idle"
+        tuning = dict(tuned.tuning)
         if start.notes:
             tuning["startNote"] = start.notes[-1]
-        else:
-            tuning.pop("startNote", None)
         fields["tuning"] = tuning
-        tuning_message = {
-            "Off": "tuning is off (mode Off)",
-            "Recommend": "recommending only (mode Recommend); no trial running",
-            "Auto": "no trial running",
-        }[resolution.mode]
+        if tuned.observed is not None:
+            fields["observed"] = tuned.observed
+        degraded = tuned.degraded or ConditionUpdate("Degraded", "False", "AsExpected", "")
         updates += [
             ConditionUpdate("PolicyResolved", "True", resolution.reason, resolution.message),
-            ConditionUpdate("Degraded", "False", "AsExpected", ""),
-            ConditionUpdate("Tuning", "False", "Idle", tuning_message),
+            degraded,
+            *tuned.updates,
             readiness(child),
         ]
+        if self.metrics is not None:
+            self.metrics.set_knobs(namespace, name, dict(knobs.to_dict()))
         await self._write_status(
             namespace, name, previous, generation, now, updates, fields, outcome
         )
         return outcome
+
+    def _tune(
+        self,
+        key: tuple[str, str],
+        spec: VLLMDeploymentSpec,
+        resolution: Resolution,
+        policy_spec: VLLMTuningPolicySpec | None,
+        start: StartingPoint,
+        previous_tuning: Mapping[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        now: datetime,
+    ) -> Tuned:
+        """Run one step of the tuner (none in mode Off) and say what it means for status."""
+        if resolution.mode == "Off" or policy_spec is None:
+            self.observer.forget(key)
+            return Tuned(
+                knobs=start.knobs,
+                tuning={"phase": "Idle", "applied": start.knobs.to_dict()},
+                updates=[
+                    ConditionUpdate("Tuning", "False", "TuningOff", "tuning is off (mode Off)"),
+                    ConditionUpdate("MetricsAvailable", "Unknown", "TuningOff", ""),
+                    ConditionUpdate("SLOMet", "Unknown", "TuningOff", ""),
+                ],
+            )
+        policy = tuning_policy(resolution, policy_spec)
+        ctx = deployment_context(spec)
+        state = _state_from_status(previous_tuning) or TuningState.initial(start.knobs)
+        health = tuple(pod_health(p) for p in pods)
+        snapshot = self.observer.latest(key, policy.evaluation_window_s)
+        decision = decide(
+            state, Observation(snapshot, health), policy, ctx, now, self.model_factory(ctx)
+        )
+        new = decision.new_state
+        knobs = new.applied
+        namespace, name = key
+        current = [h.name for h in health if h.ready and knobs.same_as(h.revision_knobs) and h.name]
+        self.observer.want(
+            SnapshotTarget(
+                namespace=namespace,
+                name=name,
+                pods=tuple(sorted(current)),
+                since=ready_since(pods, knobs),
+                knobs=knobs,
+                revision=render.knob_label(knobs),
+                window_s=policy.evaluation_window_s,
+                slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
+                model_name=spec.served_model_name or spec.model,
+            )
+        )
+        if self.metrics is not None:
+            self.metrics.decisions.labels(namespace, name, decision.action).inc()
+            if decision.action == "rollout":
+                self.metrics.rollouts.labels(namespace, name).inc()
+            if decision.action == "rollback":
+                self.metrics.rollbacks.labels(namespace, name).inc()
+        in_trial = new.phase in ("Candidate", "RollingOut", "Verifying")
+        if snapshot.available:
+            metrics_cond = ConditionUpdate(
+                "MetricsAvailable",
+                "True",
+                "MetricsFresh",
+                f"{snapshot.completed_requests} requests in the last {snapshot.window_s:.0f}s",
+            )
+        else:
+            metrics_cond = ConditionUpdate(
+                "MetricsAvailable", "False", "MetricsUnavailable", snapshot.reason
+            )
+        updates = [
+            ConditionUpdate("Tuning", "True" if in_trial else "False", new.phase, decision.reason),
+            metrics_cond,
+            _slo_condition(snapshot, policy.slo),
+        ]
+        crash_looping = sorted(
+            h.name
+            for h in health
+            if h.waiting_reason == "CrashLoopBackOff" and knobs.same_as(h.revision_knobs)
+        )
+        degraded = None
+        if crash_looping:
+            degraded = ConditionUpdate(
+                "Degraded",
+                "True",
+                "CrashLoopBackOff",
+                f"pods {', '.join(crash_looping)} of the applied configuration "
+                f"({render.knob_label(knobs)}) are crash-looping",
+            )
+        met = _slo_met(snapshot, policy.slo)
+        return Tuned(
+            knobs=knobs,
+            tuning=strip_none(new.to_dict()),
+            updates=updates,
+            events=[Event(e.type, e.reason, e.message) for e in decision.events],
+            observed=observed_summary(snapshot, policy.slo, met) if snapshot.available else None,
+            degraded=degraded,
+        )
 
     def _resolve(
         self,
@@ -264,3 +384,72 @@ def _first_errors(exc: ValidationError, limit: int = 3) -> str:
         parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
     more = len(exc.errors()) - limit
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+@dataclass
+class Tuned:
+    """One tuning step's consequences for the Deployment and the status."""
+
+    knobs: Knobs
+    tuning: dict[str, Any]
+    updates: list[ConditionUpdate]
+    events: list[Event] = field(default_factory=list)
+    observed: dict[str, Any] | None = None
+    degraded: ConditionUpdate | None = None
+
+
+def _state_from_status(raw: Mapping[str, Any]) -> TuningState | None:
+    """The tuner's memory from status; a status from mode Off restarts it from the spec."""
+    if not raw.get("applied") or not raw.get("lastGood"):
+        return None
+    try:
+        return TuningState.from_dict(raw)
+    except (KeyError, TypeError, ValueError):
+        log.warning("status.tuning could not be read; starting the tuner afresh")
+        return None
+
+
+def _slo_met(snapshot: Snapshot, slo: SLO) -> bool | None:
+    if not snapshot.available:
+        return None
+    verdicts = []
+    for metric, target in slo.targets():
+        value = snapshot.latency(metric).at(target.percentile)
+        if value is not None:
+            verdicts.append(value <= target.threshold_ms)
+    return all(verdicts) if verdicts else None
+
+
+def _slo_condition(snapshot: Snapshot, slo: SLO) -> ConditionUpdate:
+    met = _slo_met(snapshot, slo)
+    if met is None:
+        why = snapshot.reason if not snapshot.available else "no latency data in the window"
+        return ConditionUpdate("SLOMet", "Unknown", "NoData", why)
+    parts = []
+    for metric, target in slo.targets():
+        value = snapshot.latency(metric).at(target.percentile)
+        if value is not None:
+            sign = "<=" if value <= target.threshold_ms else ">"
+            parts.append(
+                f"{metric.upper()} p{target.percentile:g} {value:.0f} ms "
+                f"({sign} {target.threshold_ms:g} ms)"
+            )
+    return ConditionUpdate(
+        "SLOMet",
+        "True" if met else "False",
+        "WithinSLO" if met else "SLOViolated",
+        "; ".join(parts),
+    )
+
+
+def policy_status_patch(body: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The status a VLLMTuningPolicy should show (Valid + observedGeneration), as a patch."""
+    previous = dict(body.get("status") or {})
+    generation = (body.get("metadata") or {}).get("generation")
+    try:
+        VLLMTuningPolicySpec.model_validate(dict(body.get("spec") or {}))
+        update = ConditionUpdate("Valid", "True", "Valid", "the policy can be used")
+    except ValidationError as exc:
+        update = ConditionUpdate("Valid", "False", "Invalid", _first_errors(exc))
+    new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
+    return status_patch(previous, new)

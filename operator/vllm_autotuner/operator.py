@@ -8,6 +8,7 @@ operators in one process without sharing global state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ import kopf
 
 from vllm_autotuner import (
     API_VERSION,
+    DEPLOYMENT_LABEL,
     FIELD_MANAGER,
     GROUP,
     MANAGED_BY_LABEL,
@@ -25,7 +27,10 @@ from vllm_autotuner import (
     VERSION,
 )
 from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials, resource_path
-from vllm_autotuner.controller import Controller, Outcome
+from vllm_autotuner.adapters.metrics import OperatorMetrics
+from vllm_autotuner.adapters.prometheus import PrometheusSource
+from vllm_autotuner.controller import Controller, Outcome, policy_status_patch
+from vllm_autotuner.observer import Observer
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +49,11 @@ class OperatorConfig:
     prometheus_timeout_s: float = 10.0
     prometheus_bearer_token_file: str | None = None
     prometheus_ca_file: str | None = None
+    prometheus_rate_scale: float = 1.0  # only for simulated fleets (vllm-sim --sim-time-scale)
+    metrics_port: int | None = None
     standalone: bool = True
     peering_name: str | None = None
+    priority: int = 0  # peering priority; distinct per replica or kopf pauses them all
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -64,10 +72,32 @@ def _first(index: Any, key: Any) -> Any:
     return None
 
 
+def _all(index: Any, key: Any) -> list[Any]:
+    try:
+        return list(index[key])
+    except KeyError:
+        return []
+
+
 def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Controller]:
     registry = kopf.OperatorRegistry()
     kube = KubeClient(config.credentials, timeout_s=config.request_timeout_s)
-    controller = Controller(kube)
+    source = (
+        PrometheusSource(
+            config.prometheus_url,
+            timeout_s=config.prometheus_timeout_s,
+            bearer_token_file=config.prometheus_bearer_token_file,
+            ca_file=config.prometheus_ca_file,
+            rate_scale=config.prometheus_rate_scale,
+        )
+        if config.prometheus_url
+        else None
+    )
+    observer = Observer(source, max_age_s=max(300.0, 5 * config.reconcile_interval_s))
+    metrics = OperatorMetrics()
+    controller = Controller(kube, observer=observer, metrics=metrics)
+    stop_observing = asyncio.Event()
+    background: list[asyncio.Task[None]] = []
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -90,8 +120,20 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Contr
         if config.peering_name:
             settings.peering.name = config.peering_name
 
+    @kopf.on.startup(registry=registry)
+    async def start_background(**_: Any) -> None:
+        if config.metrics_port:
+            metrics.serve(config.metrics_port)
+        background.append(
+            asyncio.create_task(observer.run(config.reconcile_interval_s, stop_observing))
+        )
+
     @kopf.on.cleanup(registry=registry)
     async def close_clients(**_: Any) -> None:
+        stop_observing.set()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=5)
         await kube.close()
 
     @kopf.on.login(registry=registry)
@@ -133,6 +175,23 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Contr
     ) -> dict[str, dict[str, Any]]:
         return {_child_key(namespace, name): dict(body)}
 
+    @kopf.index("", "v1", "pods", labels=managed, id="pod_index", registry=registry)
+    def pod_index(
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[str, dict[str, Any]] | None:
+        owner = labels.get(DEPLOYMENT_LABEL)
+        return {_child_key(namespace, owner): dict(body)} if owner else None
+
+    @kopf.on.event(GROUP, VERSION, POLICIES, id="policy_status", registry=registry)
+    async def publish_policy_status(body: kopf.Body, type: str | None, **_: Any) -> None:
+        """A policy says whether it is usable, so Argo CD and kubectl show bad ones at once."""
+        if type == "DELETED":
+            return
+        patch = policy_status_patch(dict(body), controller.clock())
+        if patch:
+            path = resource_path(API_VERSION, POLICIES, None, body["metadata"]["name"])
+            await kube.merge_patch(path, {"status": patch}, subresource="status")
+
     async def run_reconcile(
         body: Mapping[str, Any],
         indexes: Mapping[str, Any],
@@ -155,6 +214,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Contr
                 "Service": _first(indexes["service_index"], key),
                 **(known_children or {}),
             },
+            pods=_all(indexes["pod_index"], key),
         )
         for event in outcome.events:
             poster = kopf.warn if event.type == "Warning" else kopf.info
@@ -218,6 +278,7 @@ async def run_operator(
         namespaces=namespaces or [],
         standalone=config.standalone,
         peering_name=config.peering_name,
+        priority=config.priority,
         liveness_endpoint=liveness_endpoint,
         stop_flag=stop_flag,
     )

@@ -273,8 +273,10 @@ class Engine:
         if b.n_tokens:
             m.iteration_tokens.observe(b.n_tokens)
         m.generation_tokens.inc(out.n_generated)
-        if out.itl_gaps.size:
-            m.observe_itl(out.itl_gaps)
+        if out.n_regular:
+            m.observe_itl_repeated(out.regular_gap, out.n_regular)
+        if out.odd_gaps:
+            m.observe_itl(np.asarray(out.odd_gaps))
         for seq in out.first_tokens:
             m.ttft.observe(t_end - seq.arrival)
             m.observe_prompt_done(seq.plen, seq.cached_tokens)
@@ -325,7 +327,7 @@ class Engine:
         if k < 2:
             return False
         d = len(sched.running)
-        ctx0 = float(sched.comp.sum())
+        ctx0 = float(np.add.reduce(sched.comp))
         dts = self.steptime.decode_times(d, ctx0, k)
         if self.reality.step_jitter > 0:
             dts = dts * self._jitter(sched.step_index, k)
@@ -344,9 +346,11 @@ class Engine:
         dts = dts[:k]
         ends = ends[:k]
         s0 = sched.step_index
-        gaps = sched.commit_decode_stretch(ends)
+        gap, n_regular, odd = sched.commit_decode_stretch(ends)
         m = self.metrics
-        m.observe_itl(gaps)
+        m.observe_itl_repeated(gap, n_regular)
+        if odd:
+            m.observe_itl(np.asarray(odd))
         m.itl.observe_many_weighted(dts[1:], d)
         if "vllm:time_per_output_token_seconds" in m.hidden:
             m.tpot_old.observe_many_weighted(dts[1:], d)
@@ -385,7 +389,7 @@ class Engine:
         self._finished.append(rec)
         sched_t = seq.first_scheduled if seq.first_scheduled is not None else t
         first_t = seq.first_token_time if seq.first_token_time is not None else t
-        last_t = seq.last_time if seq.first_token_time is not None else t
+        last_t = self.sched.step_end_time(seq.last_step) if seq.first_token_time is not None else t
         self.metrics.observe_finished(
             reason=reason,
             e2e=t - seq.arrival,

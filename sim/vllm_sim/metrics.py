@@ -11,6 +11,7 @@ Names, meanings and buckets: vllm.md §1.2-§1.4, §1.7.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -112,16 +113,22 @@ class Histogram:
     def __init__(self, name: str, help: str, buckets: Sequence[float]) -> None:
         self.name = name
         self.help = help
-        self.bounds = np.asarray([float(b) for b in buckets], dtype=np.float64)
-        self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)  # last: above all bounds
+        self.bound_list = [float(b) for b in buckets]
+        self.bounds = np.asarray(self.bound_list, dtype=np.float64)
+        self.counts = [0] * (len(self.bound_list) + 1)  # last: above all bounds
         self.sum = 0.0
         self._pending: list[FloatArray] = []
         self._pending_n = 0
 
     def observe(self, value: float) -> None:
         # Prometheus buckets are inclusive upper bounds: le=b counts v <= b.
-        self.counts[int(np.searchsorted(self.bounds, value, side="left"))] += 1
+        self.counts[bisect_left(self.bound_list, value)] += 1
         self.sum += value
+
+    def observe_repeated(self, value: float, n: int) -> None:
+        if n > 0:
+            self.counts[bisect_left(self.bound_list, value)] += n
+            self.sum += value * n
 
     def observe_many(self, values: FloatArray) -> None:
         if values.size:
@@ -130,16 +137,12 @@ class Histogram:
             if self._pending_n > 65536:
                 self.flush()
 
-    def observe_repeated(self, value: float, n: int) -> None:
-        if n > 0:
-            self.counts[int(np.searchsorted(self.bounds, value, side="left"))] += n
-            self.sum += value * n
-
     def observe_many_weighted(self, values: FloatArray, weight: int) -> None:
         """Each value observed `weight` times (a decode step's gap, once per running request)."""
         if values.size and weight > 0:
             idx = np.searchsorted(self.bounds, values, side="left")
-            self.counts += np.bincount(idx, minlength=len(self.counts)) * weight
+            binned = np.bincount(idx, minlength=len(self.counts)) * weight
+            self.counts = [a + b for a, b in zip(self.counts, binned.tolist(), strict=True)]
             self.sum += float(values.sum()) * weight
 
     def flush(self) -> None:
@@ -149,20 +152,24 @@ class Histogram:
         self._pending.clear()
         self._pending_n = 0
         idx = np.searchsorted(self.bounds, vals, side="left")
-        self.counts += np.bincount(idx, minlength=len(self.counts))
+        binned = np.bincount(idx, minlength=len(self.counts)).tolist()
+        self.counts = [a + b for a, b in zip(self.counts, binned, strict=True)]
         self.sum += float(vals.sum())
 
     @property
     def count(self) -> int:
         self.flush()
-        return int(self.counts.sum())
+        return sum(self.counts)
 
     def bucket_counts(self) -> list[tuple[float, int]]:
         """(upper bound, cumulative count), +Inf last."""
         self.flush()
-        cum = np.cumsum(self.counts)
-        bounds = [*self.bounds.tolist(), math.inf]
-        return list(zip(bounds, cum.tolist(), strict=True))
+        out = []
+        cum = 0
+        for bound, c in zip([*self.bound_list, math.inf], self.counts, strict=True):
+            cum += c
+            out.append((bound, cum))
+        return out
 
 
 # Hidden-metric rule (see VllmMetrics): name -> first vLLM minor version that no longer offered it
@@ -208,6 +215,7 @@ class VllmMetrics:
             wanted = _parse_version(show_hidden_metrics_for_version)
             hidden = {n for n, removed in _REMOVED_IN.items() if wanted < removed}
         self.hidden = hidden
+        self._finished_rows: list[tuple[float, ...]] = []
         tok = build_1_2_5_buckets(max_model_len)
         H = Histogram
         self.ttft = H(
@@ -360,19 +368,26 @@ class VllmMetrics:
         preemptions: int,
     ) -> None:
         self.request_success.inc(1, reason)
-        self.e2e.observe(e2e)
-        self.queue.observe(queue)
-        self.prefill.observe(prefill)
-        self.decode.observe(decode)
-        self.inference.observe(inference)
-        self.req_tpot.observe(tpot)
-        self.prompt_tokens_h.observe(prompt_len)
-        self.generation_tokens_h.observe(output_len)
-        self.max_gen_h.observe(output_len)
-        self.params_max_tokens.observe(max_tokens)
-        self.params_n.observe(1)
-        self.prefill_kv_computed.observe(prompt_len - cached)
-        self.req_preemptions.observe(preemptions)
+        self._finished_rows.append(
+            (e2e, queue, prefill, decode, inference, tpot, prompt_len, output_len, output_len,
+             max_tokens, 1, prompt_len - cached, preemptions)
+        )  # fmt: skip
+        if len(self._finished_rows) >= 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        """Bin the buffered per-request observations (one vectorised pass per histogram)."""
+        if not self._finished_rows:
+            return
+        cols = np.asarray(self._finished_rows, dtype=np.float64).T
+        self._finished_rows.clear()
+        hists = (self.e2e, self.queue, self.prefill, self.decode, self.inference, self.req_tpot,
+                 self.prompt_tokens_h, self.generation_tokens_h, self.max_gen_h,
+                 self.params_max_tokens, self.params_n, self.prefill_kv_computed,
+                 self.req_preemptions)  # fmt: skip
+        for h, col in zip(hists, cols, strict=True):
+            h.observe_many(col)
+            h.flush()
 
     # ---- exposition -------------------------------------------------------------------------
 
@@ -411,6 +426,7 @@ class VllmMetrics:
         return g
 
     def histograms(self) -> list[Histogram]:
+        self.flush()
         hs = [self.ttft, self.itl, self.req_tpot, self.e2e, self.queue, self.inference,
               self.prefill, self.decode, self.prompt_tokens_h, self.generation_tokens_h,
               self.max_gen_h, self.params_n, self.params_max_tokens, self.prefill_kv_computed,

@@ -104,7 +104,6 @@ class Seq:
         "first_token_time",
         "held",
         "last_step",
-        "last_time",
         "lim",
         "max_tokens",
         "n_prefix_blocks",
@@ -140,7 +139,6 @@ class Seq:
         self.num_preemptions = 0
         self.queried = False
         self.last_step = -2
-        self.last_time = float("nan")
         self.runs: list[int] = []  # [start, end, start, end, ...] of the steps that made tokens
 
     def block_hash(self, i: int) -> BlockHash:
@@ -170,14 +168,25 @@ class Batch:
 
 @dataclass
 class StepOutcome:
-    """What one step produced, for the engine's records and metrics."""
+    """What one step produced, for the engine's records and metrics.
+
+    Inter-token gaps come in two parts: `n_regular` requests whose previous token came out of
+    the previous step all share the gap `regular_gap`; the few others are listed in `odd_gaps`.
+    """
 
     n_generated: int
-    itl_gaps: FloatArray
+    regular_gap: float
+    n_regular: int
+    odd_gaps: list[float]
     first_tokens: list[Seq]
     finished: list[Seq]
     token_seqs: list[Seq]  # only filled when asked for (streaming)
     token_index: list[int]
+
+
+# Rows of Scheduler.st, one column per running request in admission order.
+C, N, L, H, P, S = range(6)  # computed, tokens, limit, blocks held, prompt, step of last token
+_ROWS = 6
 
 
 class Scheduler:
@@ -197,42 +206,40 @@ class Scheduler:
         self.pool = BlockPool(num_gpu_blocks)
         self.running: list[Seq] = []
         self.waiting: deque[Seq] = deque()
-        self.comp = _empty_i()
-        self.ntok = _empty_i()
-        self.lim = _empty_i()
-        self.held = _empty_i()
-        self.plen = _empty_i()
-        self.last_step = _empty_i()
-        self.last_t = np.zeros(0, dtype=np.float64)
+        self.st: IntArray = np.zeros((_ROWS, 0), dtype=np.int64)
         self.step_index = 0
         self._times = np.zeros(1024, dtype=np.float64)  # end time of every step, by index
         self.total_preemptions = 0
 
     # ---- bookkeeping helpers -------------------------------------------------------------
 
+    @property
+    def comp(self) -> IntArray:
+        out: IntArray = self.st[C]
+        return out
+
+    @property
+    def held(self) -> IntArray:
+        out: IntArray = self.st[H]
+        return out
+
     def step_end_time(self, s: int) -> float:
         return float(self._times[s])
 
-    def _record_time(self, s: int, t: float) -> None:
-        if s >= self._times.size:
+    def _grow_times(self, upto: int) -> None:
+        while upto > self._times.size:
             self._times = np.concatenate([self._times, np.zeros(self._times.size)])
-        self._times[s] = t
-
-    def _record_times(self, s0: int, ts: FloatArray) -> None:
-        while s0 + ts.size > self._times.size:
-            self._times = np.concatenate([self._times, np.zeros(self._times.size)])
-        self._times[s0 : s0 + ts.size] = ts
 
     def private_blocks_running(self) -> int:
         """Blocks held by running requests and not shared through the cache (for invariants)."""
-        return int(self.held.sum()) - sum(len(s.shared) for s in self.running)
+        return int(self.st[H].sum()) - sum(len(s.shared) for s in self.running)
 
     def token_times(self, seq: Seq) -> FloatArray:
         """Times of a request's tokens, rebuilt from its runs of consecutive steps."""
         runs = [*seq.runs, seq.last_step] if len(seq.runs) % 2 else seq.runs
-        idx = np.concatenate(
-            [np.arange(runs[i], runs[i + 1] + 1) for i in range(0, len(runs), 2)]
-        ) if runs else _empty_i()  # fmt: skip
+        if not runs:
+            return np.zeros(0)
+        idx = np.concatenate([np.arange(runs[i], runs[i + 1] + 1) for i in range(0, len(runs), 2)])
         out: FloatArray = self._times[idx]
         return out
 
@@ -272,25 +279,34 @@ class Scheduler:
         budget = self.budget
         thr = self.thr if (self.thr > 0 and len(self.running) + len(self.waiting) > 1) else 0
         preempted: list[Seq] = []
-        if self.running:
-            want = self.ntok - self.comp
+        all_active = True
+        st = self.st
+        if st.shape[1]:
+            comp = st[C]
+            want = st[N] - comp
             if thr:
-                want = np.minimum(want, thr)
-            if int(want.sum()) <= budget:
+                np.minimum(want, thr, out=want)
+            n_run_tokens = int(np.add.reduce(want))
+            if n_run_tokens <= budget:
                 sched = want
             else:
                 before = np.cumsum(want) - want
                 sched = np.minimum(want, np.maximum(budget - before, 0))
-            need = (self.comp + sched + (bs - 1)) // bs - self.held
-            total_need = int(need.sum())
-            if total_need <= self.pool.num_free():
-                self.pool.take(total_need)
-                self.held = self.held + need
+                n_run_tokens = int(np.add.reduce(sched))
+                all_active = False
+            new_held = (comp + sched + (bs - 1)) // bs
+            need = int(np.add.reduce(new_held)) - int(np.add.reduce(st[H]))
+            if need <= self.pool.num_free():
+                self.pool.take(need)
+                st[H] = new_held
             else:
                 sched = self._schedule_running_sequential(want, preempted)
-            budget_left = budget - int(sched.sum())
+                n_run_tokens = int(np.add.reduce(sched))
+                all_active = False
+            budget_left = budget - n_run_tokens
         else:
             sched = _empty_i()
+            n_run_tokens = 0
             budget_left = budget
 
         admitted: list[Seq] = []
@@ -327,48 +343,42 @@ class Scheduler:
                 hits_tokens.append(comp0)
                 chunks.append(num_new)
                 budget_left -= num_new
+        n_tokens = n_run_tokens
         if admitted:
             self._append_running(admitted)
             sched = np.concatenate([sched, np.asarray(chunks, dtype=np.int64)])
-        n_tokens = int(sched.sum())
-        active = sched > 0
-        n_seqs = int(np.count_nonzero(active))
-        ctx = int(np.dot(self.comp, active))
-        pairs = float(np.dot(sched, self.comp)) + (float(np.dot(sched, sched)) + n_tokens) / 2.0
+            n_tokens += sum(chunks)
+        comp = self.st[C]
+        if all_active:
+            n_seqs = int(sched.size)
+            ctx = int(np.add.reduce(comp))
+        else:
+            active = sched > 0
+            n_seqs = int(np.count_nonzero(active))
+            ctx = int(np.dot(comp, active))
+        pairs = float(np.dot(sched, comp)) + (float(np.dot(sched, sched)) + n_tokens) / 2.0
         return Batch(n_tokens, n_seqs, ctx, pairs, admitted, hits_tokens, preempted, sched)
 
     def _append_running(self, seqs: list[Seq]) -> None:
         self.running.extend(seqs)
-
-        def col(attr: str) -> IntArray:
-            return np.fromiter((getattr(s, attr) for s in seqs), dtype=np.int64, count=len(seqs))
-
-        self.comp = np.concatenate([self.comp, col("comp")])
-        self.ntok = np.concatenate([self.ntok, col("ntok")])
-        self.lim = np.concatenate([self.lim, col("lim")])
-        self.held = np.concatenate([self.held, col("held")])
-        self.plen = np.concatenate([self.plen, col("plen")])
-        self.last_step = np.concatenate([self.last_step, col("last_step")])
-        lt = np.fromiter((s.last_time for s in seqs), dtype=np.float64, count=len(seqs))
-        self.last_t = np.concatenate([self.last_t, lt])
+        cols = np.array(
+            [(s.comp, s.ntok, s.lim, s.held, s.plen, s.last_step) for s in seqs], dtype=np.int64
+        ).T
+        self.st = np.concatenate([self.st, cols], axis=1)
 
     def _sync_out(self, j: int, seq: Seq) -> None:
-        seq.comp = int(self.comp[j])
-        seq.ntok = int(self.ntok[j])
-        seq.held = int(self.held[j])
-        seq.last_step = int(self.last_step[j])
-        seq.last_time = float(self.last_t[j])
+        col = self.st[:, j].tolist()
+        seq.comp = col[C]
+        seq.ntok = col[N]
+        seq.held = col[H]
+        seq.last_step = col[S]
 
     def _remove(self, idx: list[int]) -> None:
         for j in sorted(idx, reverse=True):
             del self.running[j]
-        self.comp = np.delete(self.comp, idx)
-        self.ntok = np.delete(self.ntok, idx)
-        self.lim = np.delete(self.lim, idx)
-        self.held = np.delete(self.held, idx)
-        self.plen = np.delete(self.plen, idx)
-        self.last_step = np.delete(self.last_step, idx)
-        self.last_t = np.delete(self.last_t, idx)
+        keep = np.ones(self.st.shape[1], dtype=bool)
+        keep[idx] = False
+        self.st = self.st[:, keep]
 
     def _free_blocks(self, seq: Seq, keep_hashes: bool) -> None:
         """Return a request's blocks; a preempted one leaves its full blocks hit-able."""
@@ -393,7 +403,8 @@ class Scheduler:
         seq.comp = 0
         seq.num_preemptions += 1
         self.total_preemptions += 1
-        self._remove([j])
+        self.running.pop()
+        self.st = self.st[:, :j]
         self.waiting.appendleft(seq)
         return seq
 
@@ -405,7 +416,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget_left > 0:
             n = min(int(want[i]), budget_left)
-            need = -(-(int(self.comp[i]) + n) // bs) - int(self.held[i])
+            need = -(-(int(self.st[C, i]) + n) // bs) - int(self.st[H, i])
             self_preempted = False
             while need > self.pool.num_free():
                 victim = len(self.running) - 1
@@ -418,7 +429,7 @@ class Scheduler:
             if self_preempted:
                 break
             self.pool.take(need)
-            self.held[i] += need
+            self.st[H, i] += need
             sched[i] = n
             budget_left -= n
             i += 1
@@ -428,42 +439,62 @@ class Scheduler:
         """Apply a scheduled step that ends at `t_end`: tokens, prefix blocks, finishes."""
         s = self.step_index
         self.step_index += 1
-        self._record_time(s, t_end)
+        self._grow_times(s + 1)
+        self._times[s] = t_end
         sched = batch.sched
         if sched.size == 0:
-            return StepOutcome(0, np.zeros(0), [], [], [], [])
-        self.comp = self.comp + sched
-        if self.caching:
+            return StepOutcome(0, 0.0, 0, [], [], [], [], [])
+        st = self.st
+        st[C] += sched
+        if self.caching and batch.n_tokens > batch.n_seqs:
             self._register_prefix_blocks(np.flatnonzero(sched > 1))
-        produced = np.flatnonzero((self.comp == self.ntok) & (sched > 0))
+        idx = np.flatnonzero(st[C] == st[N])  # sched == 0 rows never reach their token count
         first_tokens: list[Seq] = []
         finished: list[Seq] = []
         token_seqs: list[Seq] = []
         token_index: list[int] = []
-        gaps: FloatArray = np.zeros(0)
-        if produced.size:
-            out_before = self.ntok[produced] - self.plen[produced]
-            is_first = out_before == 0
-            later = produced[~is_first]
-            gaps = t_end - self.last_t[later]
-            if self.record_itl:
-                for j in later[self.last_step[later] != s - 1].tolist():
+        odd: list[float] = []
+        n_regular = 0
+        gap = 0.0
+        m = int(idx.size)
+        if m:
+            every = m == st.shape[1]  # the usual step: every running request made a token
+            sub = st if every else st[:, idx]
+            last = sub[S]
+            regular = last == s - 1
+            n_regular = int(np.count_nonzero(regular))
+            if s > 0:
+                gap = t_end - float(self._times[s - 1])
+            if n_regular < m:
+                for j, ls, nt, pl in zip(
+                    idx[~regular].tolist(),
+                    last[~regular].tolist(),
+                    sub[N][~regular].tolist(),
+                    sub[P][~regular].tolist(),
+                    strict=True,
+                ):
                     seq = self.running[j]
-                    seq.runs.append(int(self.last_step[j]))
-                    seq.runs.append(s)
-            for j in produced[is_first].tolist():
-                seq = self.running[j]
-                seq.first_token_time = t_end
-                seq.runs = [s]
-                first_tokens.append(seq)
+                    if nt == pl:  # the prompt just completed for the first time
+                        seq.first_token_time = t_end
+                        seq.runs = [s]
+                        first_tokens.append(seq)
+                    else:  # after a starved step or a recompute
+                        odd.append(t_end - float(self._times[ls]))
+                        if self.record_itl:
+                            seq.runs.append(ls)
+                            seq.runs.append(s)
             if want_tokens:
-                for j, o in zip(produced.tolist(), out_before.tolist(), strict=True):
+                for j, o in zip(idx.tolist(), (sub[N] - sub[P]).tolist(), strict=True):
                     token_seqs.append(self.running[j])
                     token_index.append(o)
-            self.ntok[produced] += 1
-            self.last_t[produced] = t_end
-            self.last_step[produced] = s
-            done = produced[self.ntok[produced] >= self.lim[produced]].tolist()
+            if every:
+                st[N] += 1
+                st[S] = s
+                done = np.flatnonzero(st[N] >= st[L]).tolist()
+            else:
+                done = idx[sub[N] + 1 >= sub[L]].tolist()
+                st[N, idx] += 1
+                st[S, idx] = s
             if done:
                 for j in done:
                     seq = self.running[j]
@@ -471,14 +502,14 @@ class Scheduler:
                     self._free_blocks(seq, keep_hashes=False)
                     finished.append(seq)
                 self._remove(done)
-        return StepOutcome(
-            int(produced.size), gaps, first_tokens, finished, token_seqs, token_index
-        )
+        return StepOutcome(m, gap, n_regular, odd, first_tokens, finished, token_seqs, token_index)
 
     def _register_prefix_blocks(self, idx: IntArray) -> None:
         for j in idx.tolist():
             seq = self.running[j]
-            n_full = min(int(self.comp[j]) // self.bs, seq.n_prefix_blocks)
+            if len(seq.shared) >= seq.n_prefix_blocks:
+                continue
+            n_full = min(int(self.st[C, j]) // self.bs, seq.n_prefix_blocks)
             while len(seq.shared) < n_full:
                 h = seq.block_hash(len(seq.shared))
                 if not self.pool.register(h):
@@ -495,16 +526,18 @@ class Scheduler:
         The bound stops one step before the first finish, and where the blocks the stretch
         allocates would exceed the free ones (so no preemption can happen inside it).
         """
-        if not self.running or len(self.running) > self.budget:
+        st = self.st
+        n = st.shape[1]
+        if not n or n > self.budget:
             return 0
-        if not np.array_equal(self.ntok - self.comp, np.ones(len(self.running), np.int64)):
-            return 0
-        if not bool((self.ntok > self.plen).all()):
-            return 0  # someone's last prompt token is due: its first token is not a decode
-        if self.head_admissible() and len(self.running) < self.budget:
-            return 0
-        k = int((self.lim - self.ntok).min()) - 1
+        k = int((st[L] - st[N]).min()) - 1
         if k < 2:
+            return 0
+        if int(np.add.reduce(st[N] - st[C])) != n:  # every row wants >= 1: all exactly 1
+            return 0
+        if int((st[N] - st[P]).min()) < 1:
+            return 0  # someone's last prompt token is due: its first token is not a decode
+        if n < self.budget and self.head_admissible():
             return 0
         free = self.pool.num_free()
         if self._blocks_needed(k) <= free:
@@ -519,28 +552,39 @@ class Scheduler:
         return lo
 
     def _blocks_needed(self, k: int) -> int:
-        return int(np.maximum((self.comp + k + (self.bs - 1)) // self.bs - self.held, 0).sum())
+        st = self.st
+        return int(np.add.reduce((st[C] + k + (self.bs - 1)) // self.bs)) - int(
+            np.add.reduce(st[H])
+        )
 
-    def commit_decode_stretch(self, ends: FloatArray) -> FloatArray:
-        """Apply len(ends) pure-decode steps; returns the first step's ITL gaps."""
+    def commit_decode_stretch(self, ends: FloatArray) -> tuple[float, int, list[float]]:
+        """Apply len(ends) pure-decode steps; returns the first step's gaps like StepOutcome."""
         k = int(ends.size)
         s0 = self.step_index
-        self._record_times(s0, ends)
+        self._grow_times(s0 + k)
+        self._times[s0 : s0 + k] = ends
         self.step_index += k
-        need = self._blocks_needed(k)
-        self.pool.take(need)
-        self.held = np.maximum((self.comp + k + (self.bs - 1)) // self.bs, self.held)
-        gaps: FloatArray = ends[0] - self.last_t
-        if self.record_itl:
-            for j in np.flatnonzero(self.last_step != s0 - 1).tolist():
-                seq = self.running[j]
-                seq.runs.append(int(self.last_step[j]))
-                seq.runs.append(s0)
-        self.comp = self.comp + k
-        self.ntok = self.ntok + k
-        self.last_t[:] = ends[-1]
-        self.last_step[:] = s0 + k - 1
-        return gaps
+        self.pool.take(self._blocks_needed(k))
+        st = self.st
+        st[H] = (st[C] + k + (self.bs - 1)) // self.bs
+        last = st[S]
+        regular = last == s0 - 1
+        n_regular = int(np.count_nonzero(regular))
+        odd: list[float] = []
+        if n_regular < last.size:
+            for j, ls in zip(
+                np.flatnonzero(~regular).tolist(), last[~regular].tolist(), strict=True
+            ):
+                odd.append(float(ends[0]) - float(self._times[ls]))
+                if self.record_itl:
+                    seq = self.running[j]
+                    seq.runs.append(ls)
+                    seq.runs.append(s0)
+        gap = float(ends[0]) - float(self._times[s0 - 1]) if s0 > 0 else 0.0
+        st[C] += k
+        st[N] += k
+        st[S] = s0 + k - 1
+        return gap, n_regular, odd
 
     def abort(self, request_id: str) -> Seq | None:
         for j, seq in enumerate(self.running):

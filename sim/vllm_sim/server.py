@@ -622,8 +622,31 @@ async def serve(
     except (StartupError, ValueError) as exc:  # ValueError: e.g. an unknown model or GPU
         _print_startup_error(exc, out)
         return 1
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        return await _serve_engine(engine, options, stop, out, on_ready)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+async def _serve_engine(
+    engine: SimEngine,
+    options: ServeOptions,
+    stop: asyncio.Event,
+    out: TextIO,
+    on_ready: Callable[[int], None] | None,
+) -> int:
     # Loading weights, profiling, CUDA graphs: vLLM does not listen before they are done.
-    await asyncio.sleep(options.load_time)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), options.load_time)
+    if stop.is_set():
+        return 0
     server = SimServer(
         engine,
         time_scale=options.time_scale,
@@ -654,25 +677,15 @@ async def serve(
     )
     if on_ready is not None:
         on_ready(port)
-    loop = asyncio.get_running_loop()
     exit_code = server.exit_code
     assert exit_code is not None
-
-    def request_stop() -> None:
-        if not exit_code.done():
-            exit_code.set_result(0)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, request_stop)
-    code = await exit_code
+    exit_code.add_done_callback(lambda _future: stop.set())  # a crash ends the server too
+    await stop.wait()
+    code = exit_code.result() if exit_code.done() else 0
     if code == 0:
         print("INFO vllm-sim: shutting down, aborting in-flight requests", file=out, flush=True)
     await server.close()
     await runner.cleanup()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(sig)
     return code
 
 

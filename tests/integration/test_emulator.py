@@ -828,6 +828,10 @@ def test_kubectl_get_apply_delete(kube: KubeHandle, tmp_path: Path) -> None:  # 
     obj = json.loads(kubectl("get", "deployment", "web", "-o", "json", "--show-managed-fields"))
     assert obj["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm:1"
     assert any(m["manager"] == "kubectl" for m in obj["metadata"]["managedFields"])
+    kubectl("scale", "deployment", "web", "--replicas=3")
+    scaled = kube.emulator.get_object("apps/v1/deployments", "default", "web")
+    assert scaled is not None and scaled["spec"]["replicas"] == 3
+    assert scaled["metadata"]["generation"] == obj["metadata"]["generation"] + 1
     kubectl("delete", "deployment", "web")
     assert kube.emulator.get_object("apps/v1/deployments", "default", "web") is None
 
@@ -894,3 +898,151 @@ def test_kopf_operator_handles_create_status_and_finalizer(
         verb="patch", resource="widgets", subresource="status"
     )
     assert status_patches and all(r.status_code == 200 for r in status_patches)
+
+
+def test_kopf_relists_after_410_gone(widgets: KubeHandle, tmp_path: Path) -> None:
+    module = tmp_path / "relist_operator.py"
+    module.write_text(
+        textwrap.dedent(f"""
+        import kopf
+
+        @kopf.on.login()
+        def login(**_):
+            return kopf.ConnectionInfo(server={widgets.url!r}, insecure=True,
+                                       default_namespace="default")
+
+        @kopf.on.startup()
+        def configure(settings, **_):
+            settings.watching.server_timeout = 0.3
+
+        @kopf.on.create("{GROUP}", "{VERSION}", "widgets")
+        def created(patch, **_):
+            patch.status["phase"] = "Created"
+    """)
+    )
+    emulator = widgets.emulator
+
+    def phase(name: str) -> Any:
+        obj = emulator.get_object("widgets.example.dev", "default", name)
+        return obj and (obj.get("status") or {}).get("phase")
+
+    with kopf.testing.KopfRunner(
+        ["run", "--standalone", "--namespace", "default", str(module)], timeout=30
+    ) as runner:
+        widgets.http("POST", WIDGETS, widget("before"))
+        wait_for(lambda: phase("before") == "Created", timeout=15, message="first handling")
+        compacted_at = time.time()
+        emulator.compact()
+        wait_for(
+            lambda: emulator.requests_matching(
+                lambda r: r.time > compacted_at and r.verb == "list", resource="widgets"
+            ),
+            timeout=15,
+            message="kopf to relist after its watch got 410 Gone",
+        )
+        widgets.http("POST", WIDGETS, widget("after"))
+        wait_for(lambda: phase("after") == "Created", timeout=15, message="handling after relist")
+    assert runner.exit_code == 0, runner.output
+    handled = emulator.requests_matching(verb="patch", resource="widgets", subresource="status")
+    assert {r.name for r in handled} == {"before", "after"}
+
+
+async def test_kubernetes_aio_client_in_the_same_loop(tmp_path: Path) -> None:
+    import kubernetes.aio
+
+    async with EmulatorServer() as server:
+        server.emulator.register_crd(WIDGET_CRD)
+        config_file = server.write_kubeconfig(tmp_path / "kubeconfig")
+        configuration = kubernetes.aio.client.Configuration()
+        await kubernetes.aio.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(config_file), client_configuration=configuration
+        )
+        async with kubernetes.aio.client.ApiClient(configuration) as api:
+            custom: Any = kubernetes.aio.client.CustomObjectsApi(api)
+            obj = await custom.create_namespaced_custom_object(
+                GROUP, VERSION, "default", "widgets", widget("w")
+            )
+            assert obj["metadata"]["uid"]
+            listed = await custom.list_namespaced_custom_object(
+                GROUP, VERSION, "default", "widgets"
+            )
+            assert [i["metadata"]["name"] for i in listed["items"]] == ["w"]
+
+
+def test_sync_client_watch_stream(kube_api: Any) -> None:  # noqa: F811
+    core: Any = kubernetes.client.CoreV1Api(kube_api)
+    core.create_namespaced_config_map("default", {"metadata": {"name": "a"}})
+    listing = core.list_namespaced_config_map("default")
+    core.create_namespaced_config_map("default", {"metadata": {"name": "b"}})
+    core.delete_namespaced_config_map("a", "default")
+    watch: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+    events = [
+        (e["type"], e["object"].metadata.name)
+        for e in watch.stream(
+            core.list_namespaced_config_map,
+            "default",
+            resource_version=listing.metadata.resource_version,
+            timeout_seconds=1,
+        )
+    ]
+    assert events == [("ADDED", "b"), ("DELETED", "a")]
+
+
+def test_scale_subresource_through_the_client(kube_api: Any) -> None:  # noqa: F811
+    apps: Any = kubernetes.client.AppsV1Api(kube_api)
+    apps.create_namespaced_deployment("default", deployment("s"))
+    scale = apps.read_namespaced_deployment_scale("s", "default")
+    assert scale.spec.replicas == 1 and scale.status.selector == "app=s"
+    apps.patch_namespaced_deployment_scale("s", "default", {"spec": {"replicas": 5}})
+    assert apps.read_namespaced_deployment("s", "default").spec.replicas == 5
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "expected"),
+    [
+        ("a=1", {"a": "1"}, True),
+        ("a=1", {"a": "2"}, False),
+        ("a!=1", {}, True),  # absent labels satisfy != and notin
+        ("a notin (1,2)", {}, True),
+        ("a in (1, 2)", {"a": "2"}, True),
+        ("a in (1,2)", {}, False),
+        ("a,!b", {"a": "x"}, True),
+        ("a,!b", {"a": "x", "b": ""}, False),
+        ("example.dev/tier=web", {"example.dev/tier": "web"}, True),
+    ],
+)
+def test_label_selector_semantics(selector: str, labels: dict[str, str], expected: bool) -> None:
+    from vllm_autotuner.local.emulator.selectors import Selector
+
+    obj = {"metadata": {"labels": labels}}
+    assert Selector.parse(selector, None).matches(obj) is expected
+
+
+def test_strategic_merge_of_ports_env_and_finalizers() -> None:
+    from vllm_autotuner.local.emulator.patching import strategic_merge_patch
+
+    live: dict[str, Any] = {
+        "metadata": {"finalizers": ["a"]},
+        "spec": {
+            "ports": [{"port": 80, "name": "http"}, {"port": 443, "name": "https"}],
+            "env": [{"name": "X", "value": "1"}],
+            "tolerations": [{"key": "gpu"}],
+        },
+    }
+    patch = {
+        "metadata": {"finalizers": ["b"]},
+        "spec": {
+            "ports": [{"port": 80, "targetPort": 8000}],
+            "env": [{"name": "Y", "value": "2"}],
+            "tolerations": [{"key": "other"}],
+        },
+    }
+    merged = strategic_merge_patch(live, patch)
+    assert merged["metadata"]["finalizers"] == ["a", "b"]
+    assert merged["spec"]["ports"] == [
+        {"port": 80, "name": "http", "targetPort": 8000},
+        {"port": 443, "name": "https"},
+    ]
+    assert [e["name"] for e in merged["spec"]["env"]] == ["X", "Y"]
+    assert merged["spec"]["tolerations"] == [{"key": "other"}]  # no merge key: replaced
+    assert live["spec"]["env"] == [{"name": "X", "value": "1"}]  # the input is not mutated

@@ -7,13 +7,14 @@ themselves in /proc. One emulator and one runner serve the module; each test has
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -28,6 +29,8 @@ from vllm_autotuner.local.runner.workloads import (
     strategy_of,
     template_hash,
 )
+
+T = TypeVar("T")
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 BACKOFF_SCALE = 10.0  # crash back-off 1 s, 2 s, 4 s ... instead of 10 s, 20 s, 40 s
@@ -58,7 +61,10 @@ def test_termination_reasons_follow_the_kubelet() -> None:
     assert termination_reason(
         1, "torch.OutOfMemoryError: CUDA out of memory.\nEngineDeadError"
     ) == ("OOMKilled")
-    startup = "torch.OutOfMemoryError: CUDA out of memory.\nRuntimeError: Engine core initialization failed."
+    startup = (
+        "torch.OutOfMemoryError: CUDA out of memory.\n"
+        "RuntimeError: Engine core initialization failed."
+    )
     assert termination_reason(1, startup) == "Error"
     assert termination_reason(0, "") == "Completed"
     assert termination_reason(2, "usage: bad flag") == "Error"
@@ -79,6 +85,16 @@ def test_strategy_rounding_and_defaults() -> None:
     zero = {"strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}}}
     assert strategy_of(zero, 3).max_unavailable == 1
     assert strategy_of({"strategy": {"type": "Recreate"}}, 2).recreate
+
+
+def test_recreate_stops_every_old_pod_before_starting_new_ones() -> None:
+    recreate = Strategy(recreate=True, max_surge=0, max_unavailable=2)
+    old = [RevisionCounts("old", desired=2, pods=2, available=2)]
+    assert rolling_targets(2, recreate, RevisionCounts("new", 0, 0, 0), old) == (0, {"old": 0})
+    draining = [RevisionCounts("old", desired=0, pods=1, available=0)]
+    assert rolling_targets(2, recreate, RevisionCounts("new", 0, 0, 0), draining)[0] == 0
+    gone = [RevisionCounts("old", desired=0, pods=0, available=0)]
+    assert rolling_targets(2, recreate, RevisionCounts("new", 0, 0, 0), gone)[0] == 2
 
 
 def test_surge_free_step_removes_before_it_adds() -> None:
@@ -223,6 +239,25 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     return {}
 
 
+def until(
+    predicate: Callable[[], T | None], timeout: float, message: str, interval: float = 0.05
+) -> T:
+    """`wait_for` for predicates that return the awaited object, or None while it is not there."""
+    value = wait_for(predicate, timeout=timeout, interval=interval, message=message)
+    assert value is not None
+    return value
+
+
+def deployment_where(
+    cluster: Cluster, namespace: str, name: str, check: Callable[[dict[str, Any]], bool]
+) -> Callable[[], dict[str, Any] | None]:
+    def predicate() -> dict[str, Any] | None:
+        found = cluster.deployment(namespace, name)
+        return found if found is not None and check(found) else None
+
+    return predicate
+
+
 def ready_pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
     return [p for p in cluster.pods(namespace) if is_ready(p)]
 
@@ -253,7 +288,7 @@ def test_deployment_becomes_a_ready_pod_with_a_process(cluster: Cluster) -> None
         status = (dep or {}).get("status") or {}
         return dep if status.get("availableReplicas") == 1 else None
 
-    dep = wait_for(available, timeout=10, message="deployment status")
+    dep = until(available, timeout=10, message="deployment status")
     assert dep["status"]["observedGeneration"] == dep["metadata"]["generation"]
     assert condition(dep, "Available")["status"] == "True"
     assert condition(dep, "Progressing")["reason"] == "NewReplicaSetAvailable"
@@ -319,7 +354,7 @@ def test_surge_free_rolling_update_never_runs_two_pods(cluster: Cluster) -> None
                 return ready[0]
             return None
 
-        new = wait_for(rolled, timeout=30, message="the new revision ready, the old one gone")
+        new = until(rolled, timeout=30, message="the new revision ready, the old one gone")
     finally:
         stop.set()
         watcher.join(5)
@@ -331,12 +366,15 @@ def test_surge_free_rolling_update_never_runs_two_pods(cluster: Cluster) -> None
     )
     assert not process_running(old_pid)
     assert most_running[0] == 1, f"{most_running[0]} processes ran at once"
-    dep = wait_for(
-        lambda: (
-            (d := cluster.deployment(ns, "llm"))
-            and condition(d, "Progressing").get("reason") == "NewReplicaSetAvailable"
-            and d["status"].get("updatedReplicas") == 1
-            and d
+    dep = until(
+        deployment_where(
+            cluster,
+            ns,
+            "llm",
+            lambda d: (
+                condition(d, "Progressing").get("reason") == "NewReplicaSetAvailable"
+                and d["status"].get("updatedReplicas") == 1
+            ),
         ),
         timeout=10,
         message="rollout complete in the deployment status",
@@ -364,10 +402,10 @@ def test_a_revision_that_cannot_start_crash_loops_while_the_old_one_serves(
                 return pod
         return None
 
-    pod = wait_for(crash_looping, timeout=30, message="CrashLoopBackOff")
+    pod = until(crash_looping, timeout=30, message="CrashLoopBackOff")
     last = container_status(pod)["lastState"]["terminated"]
     assert last["reason"] == "Error" and last["exitCode"] != 0
-    assert "Engine core initialization failed" in last["message"] or last["message"]
+    assert "initialization failed" in last["message"]  # the last line vLLM printed
     serving = [p for p in ready_pods(cluster, ns) if p["metadata"]["uid"] != pod["metadata"]["uid"]]
     assert len(serving) == 1
     assert (
@@ -375,11 +413,12 @@ def test_a_revision_that_cannot_start_crash_loops_while_the_old_one_serves(
         != pod["metadata"]["labels"]["pod-template-hash"]
     )
     assert health(int(serving[0]["metadata"]["annotations"][PORT_ANNOTATION])) == 200
-    dep = wait_for(
-        lambda: (
-            (d := cluster.deployment(ns, "llm"))
-            and condition(d, "Progressing").get("reason") == "ProgressDeadlineExceeded"
-            and d
+    dep = until(
+        deployment_where(
+            cluster,
+            ns,
+            "llm",
+            lambda d: condition(d, "Progressing").get("reason") == "ProgressDeadlineExceeded",
         ),
         timeout=15,
         message="the progress deadline",
@@ -409,21 +448,45 @@ def test_a_run_time_oom_shows_as_oomkilled(cluster: Cluster) -> None:
                     data=body,
                     headers={"Content-Type": "application/json"},
                 )
-                try:
+                with contextlib.suppress(urllib.error.URLError, OSError):
                     urllib.request.urlopen(request, timeout=2).close()
-                except (urllib.error.URLError, OSError):
-                    pass
         return None
 
-    last = wait_for(oom_killed, timeout=30, interval=0.2, message="a terminated container")
+    last = until(oom_killed, timeout=30, interval=0.2, message="a terminated container")
     assert last["reason"] == "OOMKilled"
+
+
+def test_scaling_and_deleting_a_pod_are_followed(cluster: Cluster) -> None:
+    ns = "scale"
+    cluster.create_deployment(ns, deployment("llm", []))
+    first = until(lambda: ready_pods(cluster, ns) or None, timeout=30, message="a pod")[0]
+    cluster.patch_deployment(ns, "llm", {"spec": {"replicas": 2}})
+    until(lambda: len(ready_pods(cluster, ns)) == 2 or None, timeout=30, message="2 pods")
+    # A pod deleted through the API loses its process and is replaced (ReplicaSet semantics).
+    cluster.call("DELETE", f"/api/v1/namespaces/{ns}/pods/{first['metadata']['name']}")
+    wait_for(lambda: not process_running(pid_of(first)), timeout=15, message="process gone")
+
+    def replaced() -> list[dict[str, Any]] | None:
+        pods = ready_pods(cluster, ns)
+        names = {p["metadata"]["name"] for p in pods}
+        return pods if len(pods) == 2 and first["metadata"]["name"] not in names else None
+
+    until(replaced, timeout=30, message="a replacement pod")
+    cluster.patch_deployment(ns, "llm", {"spec": {"replicas": 1}})
+    until(lambda: len(cluster.pods(ns)) == 1 or None, timeout=15, message="scaled down")
+    dep = until(
+        deployment_where(cluster, ns, "llm", lambda d: d["status"].get("replicas") == 1),
+        timeout=10,
+        message="status replicas 1",
+    )
+    assert dep["status"]["availableReplicas"] == 1
 
 
 def test_deleting_the_deployment_removes_pods_and_processes(cluster: Cluster) -> None:
     ns = "gone"
     cluster.create_deployment(ns, deployment("llm", [], replicas=2))
-    pods = wait_for(
-        lambda: len(p := ready_pods(cluster, ns)) == 2 and p, timeout=40, message="2 pods"
+    pods = until(
+        lambda: p if len(p := ready_pods(cluster, ns)) == 2 else None, timeout=40, message="2"
     )
     pids = [pid_of(p) for p in pods]
     assert all(map(process_running, pids))
@@ -432,5 +495,5 @@ def test_deleting_the_deployment_removes_pods_and_processes(cluster: Cluster) ->
     wait_for(lambda: not any(map(process_running, pids)), timeout=15, message="processes gone")
     rs = cluster.call("GET", f"/apis/apps/v1/namespaces/{ns}/replicasets")["items"]
     assert rs == []
-    assert cluster.runner.endpoints(ns, "llm") == []
+    wait_for(lambda: cluster.runner.endpoints(ns, "llm") == [], timeout=5, message="no endpoints")
     assert os.path.exists(f"/proc/{os.getpid()}")  # /proc works here, so the checks above mean it

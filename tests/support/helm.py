@@ -9,11 +9,13 @@ emulator (`chart_rbac_rules` vs the emulator's request log).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import helm_python
+import kubernetes_validate
 import yaml
 from helm_python import _native
 
@@ -65,6 +67,20 @@ CLUSTER_PEERING_RULES: frozenset[Rule] = _rules(
 NAMESPACED_PEERING_RULES: frozenset[Rule] = _rules(
     "kopf.dev", "kopfpeerings", "get,list,watch,patch"
 )
+
+
+def bundled_versions(floor: tuple[int, int] = (1, 29)) -> list[str]:
+    """Kubernetes versions whose strict schemas kubernetes-validate ships, from the floor up.
+
+    Versions below 1.25 crash kubernetes-validate (IndexError), and the chart needs 1.29+.
+    """
+    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    found = set()
+    for entry in root.iterdir():
+        match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+-local-strict", entry.name)
+        if match:
+            found.add((int(match[1]), int(match[2])))
+    return [f"{major}.{minor}" for major, minor in sorted(found) if (major, minor) >= floor]
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

@@ -488,8 +488,8 @@ class PrometheusSource:
     ) -> list[SnapshotTarget]:
         when = now or datetime.now(UTC)
         names = await self._discover(transport, when)
-        running = names.get("running")
-        if running is None:
+        running = names.spellings("running")
+        if not running:
             return []
         expr = discovery_query_for_targets(
             running,

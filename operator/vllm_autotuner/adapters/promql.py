@@ -169,31 +169,44 @@ def _series_needed(kind: SignalKind, name: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class MetricNames:
-    """The exported name chosen for each signal key; a missing key means not exported."""
+    """The exported spellings chosen for each signal key; a missing key means not exported.
 
-    names: Mapping[str, str] = field(default_factory=dict)
+    A signal may have two spellings at once (`vllm:x` from some pods, `vllm_x` from pods whose
+    prometheus_client escapes): one pod only ever exports one of them, so queries read both.
+    """
+
+    names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def get(self, key: str) -> str | None:
-        return self.names.get(key)
+        found = self.names.get(key)
+        return found[0] if found else None
+
+    def spellings(self, key: str) -> tuple[str, ...]:
+        return tuple(self.names.get(key, ()))
 
     def __bool__(self) -> bool:
         return bool(self.names)
 
 
 def resolve_names(available: Iterable[str]) -> MetricNames:
-    """For each signal, the first candidate (newest name first, colon before underscore) whose
-    series all exist among `available`."""
+    """For each signal, the first candidate (newest name first) of which some spelling has all
+    its series among `available`, with every such spelling (colon first).
+
+    Older generations are never mixed in: vLLM exported deprecated names next to their
+    replacements for a while, and reading both would count every event twice.
+    """
     have = set(available)
-    chosen: dict[str, str] = {}
+    chosen: dict[str, tuple[str, ...]] = {}
     for signal in SIGNALS:
         for candidate in signal.candidates:
             parts = candidate.split("|")
-            for variant in zip(*(spellings(p) for p in parts), strict=True):
-                name = "|".join(variant)
-                if all(s in have for s in _series_needed(signal.kind, name)):
-                    chosen[signal.key] = name
-                    break
-            if signal.key in chosen:
+            present = tuple(
+                name
+                for name in ("|".join(v) for v in zip(*(spellings(p) for p in parts), strict=True))
+                if all(x in have for x in _series_needed(signal.kind, name))
+            )
+            if present:
+                chosen[signal.key] = present
                 break
     return MetricNames(chosen)
 
@@ -210,14 +223,15 @@ class Selector:
     namespace_label: str = "namespace"
     pod_label: str = "pod"
 
-    def render(self) -> str:
+    def matchers(self) -> str:
         return (
-            "{"
-            + matcher(self.namespace_label, self.namespaces)
+            matcher(self.namespace_label, self.namespaces)
             + ", "
             + matcher(self.pod_label, self.pods)
-            + "}"
         )
+
+    def render(self) -> str:
+        return "{" + self.matchers() + "}"
 
     @property
     def by(self) -> str:
@@ -228,45 +242,57 @@ def _tagged(expr: str, part: str) -> str:
     return f'label_replace({expr}, "{PART_LABEL}", "{part}", "{PART_LABEL}", "")'
 
 
-def build_query(signal: Signal, name: str, sel: Selector, window_s: int) -> str:
-    """The one PromQL expression that reads `signal` for every pod `sel` selects."""
-    s = sel.render()
+def series(names: str | Sequence[str], suffix: str, matchers: str) -> str:
+    """`name_suffix{matchers}`, or a `__name__` regex over several spellings."""
+    ns = [names] if isinstance(names, str) else list(names)
+    if len(ns) == 1:
+        return f"{ns[0]}{suffix}{{{matchers}}}"
+    return "{" + matcher("__name__", [n + suffix for n in ns]) + f", {matchers}}}"
+
+
+def build_query(signal: Signal, names: str | Sequence[str], sel: Selector, window_s: int) -> str:
+    """The one PromQL expression that reads `signal` for every pod `sel` selects; `names` are
+    the spellings of the chosen metric name."""
+    spelled = [names] if isinstance(names, str) else list(names)
+    m = sel.matchers()
     w = f"[{window_s}s]"
     by = sel.by
     if signal.kind == "histogram":
-        buckets = f"sum by ({by}, le) (increase({name}_bucket{s}{w}))"
-        total = f"sum by ({by}) (increase({name}_sum{s}{w}))"
+        buckets = f"sum by ({by}, le) (increase({series(spelled, '_bucket', m)}{w}))"
+        total = f"sum by ({by}) (increase({series(spelled, '_sum', m)}{w}))"
         return f'{buckets} or label_replace({total}, "le", "{SUM_LE}", "le", "")'
     if signal.kind == "counter":
-        return f"sum by ({by}) (increase({name}{s}{w}))"
+        return f"sum by ({by}) (increase({series(spelled, '', m)}{w}))"
     if signal.kind in ("gauge_mean", "gauge_sum"):
         # Per pod: a data-parallel pod has one series per engine; requests add up across
         # engines, KV usage is a fraction of each engine's own cache so it averages.
         agg_mean, agg_max = ("avg", "max") if signal.kind == "gauge_mean" else ("sum", "sum")
-        mean = f"{agg_mean} by ({by}) (avg_over_time({name}{s}{w}))"
-        peak = f"{agg_max} by ({by}) (max_over_time({name}{s}{w}))"
+        sel_text = series(spelled, "", m)
+        mean = f"{agg_mean} by ({by}) (avg_over_time({sel_text}{w}))"
+        peak = f"{agg_max} by ({by}) (max_over_time({sel_text}{w}))"
         return f"{_tagged(mean, 'mean')} or {_tagged(peak, 'max')}"
     if signal.kind == "ratio":
-        num, den = name.split("|")
-        hits = f"sum by ({by}) (increase({num}{s}{w}))"
-        queries = f"sum by ({by}) (increase({den}{s}{w}))"
+        nums = [n.split("|")[0] for n in spelled]
+        dens = [n.split("|")[1] for n in spelled]
+        hits = f"sum by ({by}) (increase({series(nums, '', m)}{w}))"
+        queries = f"sum by ({by}) (increase({series(dens, '', m)}{w}))"
         return f"{_tagged(hits, 'num')} or {_tagged(queries, 'den')}"
     # info: every label matters and the set varies by version, so read the raw series.
-    return f"last_over_time({name}{s}{w})"
+    return f"last_over_time({series(spelled, '', m)}{w})"
 
 
 def build_queries(names: MetricNames, sel: Selector, window_s: int) -> dict[str, str]:
     """signal key -> PromQL, for the signals whose names were discovered."""
     out: dict[str, str] = {}
     for signal in SIGNALS:
-        name = names.get(signal.key)
-        if name is not None:
-            out[signal.key] = build_query(signal, name, sel, window_s)
+        spelled = names.spellings(signal.key)
+        if spelled:
+            out[signal.key] = build_query(signal, spelled, sel, window_s)
     return out
 
 
 def discovery_query_for_targets(
-    running_name: str,
+    running_names: str | Sequence[str],
     namespace: str | None,
     pod_regex: str | None,
     labels: Mapping[str, str] | None,
@@ -286,9 +312,9 @@ def discovery_query_for_targets(
     for k, v in sorted((labels or {}).items()):
         matchers.append(f"{k}={string_literal(v)}")
     matchers.append(f'{pod_label}!=""')
-    sel = "{" + ", ".join(matchers) + "}"
+    sel = series(running_names, "", ", ".join(matchers))
     by = f"{namespace_label}, {pod_label}, {MODEL_LABEL}"
-    return f"count by ({by}) (last_over_time({running_name}{sel}[{window_s}s]))"
+    return f"count by ({by}) (last_over_time({sel}[{window_s}s]))"
 
 
 # ------------------------------------------------------------------------------------- targets

@@ -91,6 +91,11 @@ class InfeasibleConfig(StatusModel):
     knobs: Knobs
     reason: str | None = Field(default=None, max_length=4096)
     time: Timestamp | None = None
+    kind: Literal["OOMKilled", "Crashed", "NotReady", "Regression"] | None = Field(
+        default=None,
+        description="Hidden constraints (OOMKilled, Crashed, NotReady) forbid a neighbourhood; "
+        "a Regression forbids only these exact knobs.",
+    )
 
 
 class TuningStatus(StatusModel):
@@ -104,6 +109,7 @@ class TuningStatus(StatusModel):
     last_decision: DecisionRecord | None = Field(default=None, alias="lastDecision")
     rollout_started_at: Timestamp | None = Field(default=None, alias="rolloutStartedAt")
     verify_until: Timestamp | None = Field(default=None, alias="verifyUntil")
+    last_rollout_at: Timestamp | None = Field(default=None, alias="lastRolloutAt")
     rollouts_today: int | None = Field(default=None, alias="rolloutsToday", ge=0)
     rollout_day: date | None = Field(default=None, alias="rolloutDay")
     stable_gpu_memory_utilization: float | None = Field(
@@ -111,6 +117,14 @@ class TuningStatus(StatusModel):
     )
     trials: list[Trial] = Field(default_factory=list, max_length=MAX_TRIALS)
     infeasible: list[InfeasibleConfig] = Field(default_factory=list, max_length=MAX_INFEASIBLE)
+    baseline: Measurement | None = Field(
+        default=None, description="What lastGood measured: the yardstick for verification."
+    )
+    calibration: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="The performance model's fitted parameters for this deployment.",
+    )
 
 
 class ObservedMetrics(StatusModel):

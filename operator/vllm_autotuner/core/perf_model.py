@@ -16,13 +16,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+import numpy as np
 from scipy.optimize import brentq  # type: ignore[import-untyped,unused-ignore]
 
 from vllm_autotuner.core.knob_defaults import GIB, gpu_memory_gib
 from vllm_autotuner.core.snapshot import Snapshot
 from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs
+from vllm_sim.catalog import GPU_ALIASES, GPU_SPECS, MODEL_ALIASES, MODEL_CONFIGS
+from vllm_sim.engine import Engine
+from vllm_sim.types import EngineConfig, Reality, StartupError
+from vllm_sim.workload import LengthDist, WorkloadSpec
 
 DEFAULT_PERCENTILE = 95.0
 
@@ -481,3 +486,316 @@ def _kv_calibration(
         observed_kv_tokens=float(kv_tokens) if kv_tokens else base.observed_kv_tokens,
         observed_gmu=gmu if kv_tokens else base.observed_gmu,
     )
+
+
+# ----------------------------------------------------------------------------- engine model
+
+
+@runtime_checkable
+class Screened(Protocol):
+    """A model too slow to evaluate everywhere: search screens candidates with a cheap one."""
+
+    def screen(self, calibration: Calibration) -> tuple[PerformanceModel, Calibration]: ...
+
+
+def _sim_gpu(product: str | None) -> str | None:
+    """The simulator's catalog name for a GPU product label, or None when it has none."""
+    if not product:
+        return None
+    p = product.upper().replace("_", "-")
+    for prefix in ("NVIDIA-", "TESLA-"):
+        p = p.removeprefix(prefix)
+    if p in GPU_SPECS:
+        return p
+    if p in GPU_ALIASES:
+        return GPU_ALIASES[p]
+    if p.startswith("A100"):
+        return "A100-40GB" if "40G" in p else "A100-80GB"
+    for key in sorted(GPU_SPECS, key=len, reverse=True):
+        if p.startswith(key):
+            return key
+    return None
+
+
+def _sim_model(name: str) -> bool:
+    lower = {k.lower() for k in (*MODEL_CONFIGS, *MODEL_ALIASES)}
+    short = {k.split("/")[-1].lower() for k in (*MODEL_CONFIGS, *MODEL_ALIASES)}
+    return name.lower() in lower or name.lower() in short
+
+
+def _lognormal_sigma(mean: float, p90: float) -> float:
+    """Sigma of a lognormal with this mean and p90 (p90 = mean * exp(1.2816 s - s^2 / 2))."""
+    ratio = max(1.0001, p90 / max(mean, 1.0))
+    # Solve s^2/2 - 1.2816 s + ln(ratio) = 0 for the smaller root (the physical branch).
+    disc = 1.2816**2 - 2.0 * math.log(ratio)
+    if disc <= 0:
+        return 1.2816
+    return max(0.05, 1.2816 - math.sqrt(disc))
+
+
+@dataclass(frozen=True)
+class _SimResult:
+    ttft_ms: float
+    itl_ms: float
+    e2e_ms: float
+    itl_mean_ms: float
+    ttft_p50_ms: float
+    preemption_rate: float
+    kv_tokens: float
+    stable: bool
+
+
+class EngineModel:
+    """The simulator's engine as the performance model (design.md: "the engine is the model").
+
+    Calibration runs the observed workload (lengths and rate from the snapshot, lognormal
+    shapes fitted to mean and p90) at the observed knobs and adjusts the engine's hidden
+    efficiencies until it reproduces the observed mean ITL (bandwidth), ITL tail (compute) and
+    median TTFT (per-request overhead). Predictions simulate a short seeded run at the
+    candidate knobs; capacity is bisected on the arrival rate with a few more runs. Results are
+    cached, and search screens candidates with the analytic model first (`screen`), so the
+    engine runs only for the few that matter. Models or GPUs missing from the simulator's
+    catalog fall back to the analytic model.
+    """
+
+    def __init__(
+        self,
+        num_requests: int = 200,
+        seed: int = 7,
+        capacity_steps: int = 4,
+    ) -> None:
+        self.num_requests = num_requests
+        self.seed = seed
+        self.capacity_steps = capacity_steps
+        self.analytic = AnalyticModel()
+        self.ctx: DeploymentContext | None = None
+        self._cache: dict[tuple[object, ...], _SimResult | None] = {}
+
+    # -- protocol ------------------------------------------------------------------------
+
+    def screen(self, calibration: Calibration) -> tuple[PerformanceModel, Calibration]:
+        return self.analytic, calibration
+
+    def calibrate(
+        self,
+        snapshot: Snapshot,
+        knobs: Knobs,
+        ctx: DeploymentContext,
+        workload: Workload,
+        prior: Calibration | None,
+    ) -> Calibration:
+        self.ctx = ctx
+        cal = self.analytic.calibrate(snapshot, knobs, ctx, workload, prior)
+        if not self._usable():
+            return cal
+        mean_itl = snapshot.itl.mean_ms or snapshot.itl.p50_ms
+        if mean_itl is None or workload.request_rate <= 0:
+            return cal
+        tail_itl = snapshot.itl.at(_percentile(workload.slo, "itl"))
+        ttft50 = snapshot.ttft.p50_ms
+        prior_extra = dict(prior.extra) if prior is not None else {}
+        be = prior_extra.get("bandwidth_efficiency", 1.0)
+        ce = prior_extra.get("compute_efficiency", 1.0)
+        ov = prior_extra.get("per_request_overhead_s", 0.0)
+        # Fixed-point iteration: decode steps scale with 1/bandwidth efficiency, the extra
+        # length of prefill-carrying steps with 1/compute efficiency.
+        for _ in range(4):
+            r = self._simulate(knobs, workload, be, ce, ov)
+            if r is None or not r.stable:
+                be, ce = be * 1.5, ce * 1.5  # the engine cannot even keep up: it is faster
+                continue
+            # Damped (the two interact: slower prefill also lengthens the mean step).
+            be = _clip(be * (r.itl_mean_ms / mean_itl) ** 0.7, 0.05, 3.0)
+            if tail_itl is not None:
+                ce = _clip(ce * (r.itl_ms / tail_itl) ** 0.5, 0.05, 3.0)
+        # What the engine cannot explain of the median TTFT is API-server time, which vLLM
+        # spends outside the engine's steps (Reality's overhead would lengthen steps instead,
+        # so it is only used for what is small enough to be step CPU time).
+        r = self._simulate(knobs, workload, be, ce, ov)
+        api_s = 0.0
+        if r is not None and ttft50 is not None:
+            api_s = max(0.0, (ttft50 - r.ttft_p50_ms) / 1000.0)
+        extra = {
+            "bandwidth_efficiency": be,
+            "compute_efficiency": ce,
+            "per_request_overhead_s": ov,
+            "api_overhead_s": api_s,
+        }
+        return replace(cal, extra=extra)
+
+    def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction:
+        if not self._usable() or "bandwidth_efficiency" not in calibration.extra:
+            return self.analytic.predict(knobs, workload, calibration)
+        x = calibration.extra
+        be, ce, ov = (
+            x["bandwidth_efficiency"],
+            x["compute_efficiency"],
+            x.get("per_request_overhead_s", 0.0),
+        )
+        r = self._simulate(knobs, workload, be, ce, ov)
+        api_ms = 1000.0 * x.get("api_overhead_s", 0.0)
+        if r is not None:
+            r = replace(r, ttft_ms=r.ttft_ms + api_ms, e2e_ms=r.e2e_ms + api_ms)
+        if r is None:
+            return Prediction(math.inf, math.inf, math.inf, 0.0, 0.0, False, 0.0, False,
+                              "cannot start: KV cache does not fit", math.inf)  # fmt: skip
+        meets = r.stable and self.analytic._meets(
+            workload, r.ttft_ms / 1000, r.itl_ms / 1000, r.e2e_ms / 1000
+        )
+        capacity = self._capacity(knobs, workload, be, ce, ov, meets, api_ms)
+        return Prediction(
+            ttft_ms=r.ttft_ms,
+            itl_ms=r.itl_ms,
+            e2e_ms=r.e2e_ms,
+            kv_capacity_tokens=r.kv_tokens,
+            preemption_rate=r.preemption_rate,
+            feasible=meets,
+            capacity_rps=capacity,
+            meets_slo=meets,
+            reason="" if meets else ("overloaded" if not r.stable else "SLO missed"),
+            slo_ratio=slo_ratio(workload.slo, r.ttft_ms, r.itl_ms, r.e2e_ms),
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _usable(self) -> bool:
+        return (
+            self.ctx is not None
+            and _sim_gpu(self.ctx.gpu_product) is not None
+            and _sim_model(self.ctx.model)
+        )
+
+    def _capacity(
+        self,
+        knobs: Knobs,
+        w: Workload,
+        be: float,
+        ce: float,
+        ov: float,
+        meets_now: bool,
+        api_ms: float,
+    ) -> float:
+        def ok(rate: float) -> bool:
+            ww = w.at_rate(rate)
+            r = self._simulate(knobs, ww, be, ce, ov)
+            return (
+                r is not None
+                and r.stable
+                and self.analytic._meets(
+                    ww, (r.ttft_ms + api_ms) / 1000, r.itl_ms / 1000, (r.e2e_ms + api_ms) / 1000
+                )
+            )
+
+        rate = max(w.request_rate, 0.05)
+        if meets_now:
+            lo, hi = rate, rate * 2.0
+            for _ in range(4):
+                if not ok(hi):
+                    break
+                lo, hi = hi, hi * 2.0
+            else:
+                return lo
+        else:
+            lo, hi = 0.0, rate
+            for _ in range(4):
+                if ok(hi / 2.0):
+                    lo = hi / 2.0
+                    break
+                hi /= 2.0
+            else:
+                return 0.0
+        for _ in range(self.capacity_steps):
+            mid = 0.5 * (lo + hi)
+            if ok(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _simulate(
+        self, knobs: Knobs, w: Workload, be: float, ce: float, ov: float
+    ) -> _SimResult | None:
+        ctx = self.ctx
+        assert ctx is not None
+        key = (knobs, w.request_rate, w.prompt_mean, w.prompt_p90, w.gen_mean, w.gen_p90,
+               w.prefix_hit_rate, tuple(w.slo.targets()), round(be, 6), round(ce, 6),
+               round(ov, 6), ctx)  # fmt: skip
+        if key in self._cache:
+            return self._cache[key]
+        result = self._run(knobs, w, be, ce, ov, ctx)
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[key] = result
+        return result
+
+    def _run(
+        self, knobs: Knobs, w: Workload, be: float, ce: float, ov: float, ctx: DeploymentContext
+    ) -> _SimResult | None:
+
+        gpu = _sim_gpu(ctx.gpu_product)
+        assert gpu is not None
+        mml = ctx.max_model_len
+        config = EngineConfig(
+            model=ctx.model,
+            gpu=gpu,
+            tensor_parallel_size=ctx.tensor_parallel_size,
+            max_num_seqs=knobs.max_num_seqs,
+            max_num_batched_tokens=knobs.max_num_batched_tokens,
+            gpu_memory_utilization=knobs.gpu_memory_utilization,
+            max_model_len=mml,
+            enable_prefix_caching=ctx.enable_prefix_caching,
+            kv_cache_dtype=ctx.kv_cache_dtype,
+        )
+        reality = Reality(bandwidth_efficiency=be, compute_efficiency=ce, per_request_overhead_s=ov)
+        try:
+            engine = Engine(config, reality, seed=self.seed)
+        except (StartupError, ValueError):
+            return None
+        limit = engine.max_model_len
+        high_p = max(2, limit - 2)
+        prompt = LengthDist("lognormal", w.prompt_mean,
+                            _lognormal_sigma(w.prompt_mean, w.prompt_p90), 1, high_p)  # fmt: skip
+        output = LengthDist("lognormal", w.gen_mean, _lognormal_sigma(w.gen_mean, w.gen_p90), 1,
+                            max(1, limit // 2))  # fmt: skip
+        rate = max(w.request_rate, 1e-3)
+        spec = WorkloadSpec(
+            prompt=prompt,
+            output=output,
+            duration=self.num_requests / rate,
+            seed=self.seed,
+            prefix_ratio=min(0.95, w.prefix_hit_rate),
+            prefix_groups=4,
+            max_requests=self.num_requests,
+        ).with_rate(rate)
+        requests = [r for r in spec.generate() if r.prompt_len + r.max_tokens <= limit]
+        if not requests:
+            return None
+        records = engine.run(requests)
+        done = [r for r in records if r.finish_reason not in ("abort", "error")]
+        if not done:
+            return None
+        # The first fifth of the run fills an empty engine; measure the rest (steady state).
+        t_warm = requests[len(requests) // 5].arrival_time
+        done = [r for r in done if r.arrival_time >= t_warm] or done
+        ttfts = np.asarray([t for r in done if (t := r.ttft) is not None]) * 1000.0
+        itls = np.concatenate([np.asarray(r.itl) for r in done] or [np.zeros(1)]) * 1000.0
+        e2es = np.asarray([r.e2e for r in done]) * 1000.0
+        q = {m: _percentile(w.slo, m) for m in ("ttft", "itl", "e2e")}
+        span = max(r.finish_time for r in done) - min(r.arrival_time for r in done)
+        arrivals = max(r.arrival_time for r in done) - min(r.arrival_time for r in done)
+        # A run that needs far longer to drain than its arrivals took is overloaded.
+        stable = span <= arrivals * 1.5 + 60.0 * max(1.0, w.gen_mean / 100.0)
+        return _SimResult(
+            ttft_ms=float(np.percentile(ttfts, q["ttft"])) if ttfts.size else math.inf,
+            itl_ms=float(np.percentile(itls, q["itl"])) if itls.size else math.inf,
+            e2e_ms=float(np.percentile(e2es, q["e2e"])),
+            itl_mean_ms=float(itls.mean()) if itls.size else math.inf,
+            ttft_p50_ms=float(np.percentile(ttfts, 50)) if ttfts.size else math.inf,
+            preemption_rate=sum(r.num_preemptions for r in done) / max(span, 1e-9),
+            kv_tokens=float(engine.kv.kv_cache_size_tokens),
+            stable=stable,
+        )
+
+
+def _clip(v: float, lo: float, hi: float) -> float:
+    return min(hi, max(lo, v))

@@ -28,7 +28,13 @@ import numpy as np
 from scipy.optimize import brute  # type: ignore[import-untyped,unused-ignore]
 
 from vllm_autotuner.core.diagnosis import Diagnosis
-from vllm_autotuner.core.perf_model import Calibration, PerformanceModel, Prediction, Workload
+from vllm_autotuner.core.perf_model import (
+    Calibration,
+    PerformanceModel,
+    Prediction,
+    Screened,
+    Workload,
+)
 from vllm_autotuner.core.tuning_types import GMU_EPSILON, Bounds, InfeasibleConfig, Knobs
 
 FRACTIONS_FINE = (0.0, 0.25, 0.5, 1.0)
@@ -184,6 +190,7 @@ def search(
     min_gain_pct: float,
     slo_violated: bool,
     max_evaluations: int = 400,
+    refine_top: int = 3,
 ) -> SearchResult:
     gmu_max = gmu_ceiling(applied, stable_gmu, gmu_rise_step)
     axes = candidate_axes(applied, bounds, diagnosis, gmu_max)
@@ -191,8 +198,28 @@ def search(
         if len(axes[0]) * len(axes[1]) * len(axes[2]) <= max_evaluations:
             break
         axes = candidate_axes(applied, bounds, diagnosis, gmu_max, fractions)
-    current = model.predict(applied, workload, calibration)
+    screened = isinstance(model, Screened)
+    stage_model, stage_cal = (
+        model.screen(calibration) if isinstance(model, Screened) else (model, calibration)
+    )
     cache: dict[tuple[int, int, float], tuple[float, Prediction | None]] = {}
+
+    def score_of(k: Knobs, p: Prediction) -> float:
+        # Most capacity first; among near-equals, the smallest move (fewer surprises).
+        move = (
+            abs(k.max_num_batched_tokens - applied.max_num_batched_tokens)
+            / max(1.0, bounds.mnbt.max_step)
+            + abs(k.max_num_seqs - applied.max_num_seqs) / max(1.0, bounds.mns.max_step)
+            + abs(k.gpu_memory_utilization - applied.gpu_memory_utilization)
+            / max(1e-3, bounds.gmu.max_step)
+        )
+        if p.feasible:
+            return -p.capacity_rps * (1.0 - 1e-3 * move) - 1e-9
+        if slo_violated and math.isfinite(p.slo_ratio):
+            # No candidate may meet the SLO within one step: then the one that comes closest
+            # (positive scores always lose to feasible ones).
+            return p.slo_ratio * (1.0 + 1e-3 * move)
+        return math.inf
 
     def score(idx: np.ndarray) -> float:
         i, j, m = (round(float(x)) for x in idx)
@@ -202,23 +229,8 @@ def search(
             if allowed(k, applied, bounds, gmu_max, infeasible) is not None:
                 cache[key] = (math.inf, None)
             else:
-                p = model.predict(k, workload, calibration)
-                # Most capacity first; among near-equals, the smallest move (fewer surprises).
-                move = (
-                    abs(k.max_num_batched_tokens - applied.max_num_batched_tokens)
-                    / max(1.0, bounds.mnbt.max_step)
-                    + abs(k.max_num_seqs - applied.max_num_seqs) / max(1.0, bounds.mns.max_step)
-                    + abs(k.gpu_memory_utilization - applied.gpu_memory_utilization)
-                    / max(1e-3, bounds.gmu.max_step)
-                )
-                if p.feasible:
-                    cache[key] = (-p.capacity_rps * (1.0 - 1e-3 * move) - 1e-9, p)
-                elif slo_violated and math.isfinite(p.slo_ratio):
-                    # No candidate may meet the SLO within one step: then the one that comes
-                    # closest (positive scores always lose to feasible ones).
-                    cache[key] = (p.slo_ratio * (1.0 + 1e-3 * move), p)
-                else:
-                    cache[key] = (math.inf, p)
+                p = stage_model.predict(k, workload, stage_cal)
+                cache[key] = (score_of(k, p), p)
         return cache[key][0]
 
     ranges = tuple(slice(0, len(a), 1) for a in axes)
@@ -231,6 +243,19 @@ def search(
     best = Knobs(axes[0][i], axes[1][j], axes[2][m])
     key = (best.max_num_batched_tokens, best.max_num_seqs, best.gpu_memory_utilization)
     best_score, best_pred = cache[key]
+    current = model.predict(applied, workload, calibration)
+    if screened:
+        # The slow model judges only the screen's best few (and the current knobs).
+        finalists = sorted(
+            (sc, k) for k, (sc, p) in cache.items() if p is not None and math.isfinite(sc)
+        )[:refine_top]
+        best_score, best_pred = math.inf, None
+        for _, key in finalists:
+            k = Knobs(*key)
+            p = model.predict(k, workload, calibration)
+            sc = score_of(k, p)
+            if sc < best_score:
+                best, best_score, best_pred = k, sc, p
     evaluated = sum(1 for _, p in cache.values() if p is not None)
     if not math.isfinite(best_score) or best_pred is None:
         return SearchResult(

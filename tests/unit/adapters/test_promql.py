@@ -159,14 +159,15 @@ def test_escaping_by_hand() -> None:
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_promtool_parses_every_query_for_hostile_names(tmp_path: Path) -> None:
     """Prometheus' own parser (promtool check rules) accepts all queries, hostile names too."""
-    names = resolve_names(_all_colon_series())
+    both = _all_colon_series()
+    names = resolve_names(both + [n.replace("vllm:", "vllm_") for n in both])
     values = ['a"b', "back\\slash", "new\nline", "x|y", ".*", "}{", "ünï", "tab\tq", "\x00\x7f"]
     sel = Selector(tuple(values), tuple(reversed(values)))
     lines = ["groups:", "- name: t", "  rules:"]
     for i, signal in enumerate(SIGNALS_BY_KEY.values()):
-        name = names.get(signal.key)
-        assert name is not None
-        expr = build_query(signal, name, sel, 300)
+        spelled = names.spellings(signal.key)
+        assert len(spelled) == 2
+        expr = build_query(signal, spelled, sel, 300)
         # A YAML double-quoted scalar escapes like JSON for what we emit.
         lines.append(f"  - record: q{i}\n    expr: {json.dumps(expr)}")
     rules = tmp_path / "rules.yml"
@@ -243,6 +244,25 @@ def test_discovery_falls_back_to_old_vllm_names() -> None:
         "vllm:gpu_prefix_cache_hits_total|vllm:gpu_prefix_cache_queries_total"
     )
     assert names.get("ttft") is None  # not exported: no name, no query, field None
+
+
+def test_mixed_fleet_reads_both_spellings_in_one_query() -> None:
+    """Pods with old and new prometheus_client behind one Prometheus 2.x: one query reads both."""
+    series = [*_all_colon_series(), "vllm_request_success_total"]
+    names = resolve_names(series)
+    assert names.spellings("requests") == (
+        "vllm:request_success_total",
+        "vllm_request_success_total",
+    )
+    assert names.spellings("ttft") == ("vllm:time_to_first_token_seconds",)
+    q = build_query(
+        SIGNALS_BY_KEY["requests"], names.spellings("requests"), Selector(("n",), ("p",)), 60
+    )
+    assert q == (
+        "sum by (namespace, pod, model_name) (increase("
+        '{__name__=~"vllm:request_success_total|vllm_request_success_total", '
+        'namespace="n", pod="p"}[60s]))'
+    )
 
 
 def test_discovery_never_mixes_generations_of_a_ratio() -> None:
@@ -593,4 +613,4 @@ async def test_targets_without_pods_or_window_need_no_query() -> None:
 
 def test_metric_names_truthiness() -> None:
     assert not MetricNames()
-    assert MetricNames({"requests": "x"})
+    assert MetricNames({"requests": ("x",)})

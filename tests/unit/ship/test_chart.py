@@ -9,9 +9,7 @@ version from 1.29 (the chart's kubeVersion floor) to the newest one kubernetes-v
 from __future__ import annotations
 
 import json
-import re
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import helm_python
@@ -28,21 +26,7 @@ HARD_UID = 65532
 VALUES_SETS = chart.ci_values()
 
 
-def bundled_versions(floor: tuple[int, int] = (1, 29)) -> list[str]:
-    """Kubernetes versions whose strict schemas kubernetes-validate ships, from the floor up.
-
-    Versions below 1.25 crash kubernetes-validate (IndexError), and the chart needs 1.29+.
-    """
-    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
-    found = set()
-    for entry in root.iterdir():
-        match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+-local-strict", entry.name)
-        if match:
-            found.add((int(match[1]), int(match[2])))
-    return [f"{major}.{minor}" for major, minor in sorted(found) if (major, minor) >= floor]
-
-
-VERSIONS = bundled_versions()
+VERSIONS = chart.bundled_versions()
 
 
 @cache
@@ -95,7 +79,7 @@ def schema_error(obj_json: str, version: str) -> str | None:
     try:
         kubernetes_validate.validate(json.loads(obj_json), version, strict=True)
     except kubernetes_validate.ValidationError as error:
-        return str(error)
+        return str(error).splitlines()[0]
     return None
 
 

@@ -101,11 +101,9 @@ def test_crds_keep_and_install_switches() -> None:
 
 
 def test_rendered_crds_validate_on_every_supported_kubernetes() -> None:
-    from tests.unit.ship.test_chart import VERSIONS
-
     for crd in rendered_crds().values():
         assert crd_validation.structural_problems(crd_validation.crd_schema(crd)) == []
-        for version in VERSIONS:
+        for version in chart.bundled_versions():
             kubernetes_validate.validate(crd, version, strict=True)
 
 

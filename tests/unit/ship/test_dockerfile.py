@@ -216,3 +216,29 @@ def test_operator_cli_accepts_the_image_defaults() -> None:
     (cmd,) = final("operator").args("CMD")
     args = build_parser().parse_args([*exec_form(entrypoint)[1:], *exec_form(cmd)])
     assert args.command == "run" and args.all_namespaces is True
+
+
+def test_vllm_sim_image_runs_what_the_operator_renders() -> None:
+    """The operator's vLLM container runs `vllm serve ...`; the sim image must accept it."""
+    import yaml
+
+    from vllm_autotuner.api.deployment import VLLMDeploymentSpec
+    from vllm_autotuner.core.render import Owner, render_deployment
+    from vllm_autotuner.core.tuning_types import Knobs
+    from vllm_sim.flags import parse_serve_args
+
+    links = [v for v in final("vllm-sim").args("RUN") if re.search(r"\bln -s\b", v)]
+    assert any(v.split()[-2:] == ["vllm-sim", "/opt/venv/bin/vllm"] for v in links), links
+
+    example = yaml.safe_load((ROOT / "examples" / "llama-3.1-8b-h100.yaml").read_text())
+    spec = VLLMDeploymentSpec.model_validate(example["spec"])
+    knobs = Knobs(max_num_batched_tokens=6144, max_num_seqs=192, gpu_memory_utilization=0.88)
+    deployment = render_deployment(spec, knobs, Owner(name="x", namespace="y", uid="z"))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["vllm", "serve"]
+    options = parse_serve_args([*container["command"][2:], *container["args"]])
+    assert str(options.port) in " ".join(final("vllm-sim").args("EXPOSE")).split()
+    assert {p["containerPort"] for p in container["ports"]} == {options.port}
+    assert options.config.max_num_seqs == knobs.max_num_seqs
+    assert options.config.max_num_batched_tokens == knobs.max_num_batched_tokens
+    assert options.config.gpu_memory_utilization == knobs.gpu_memory_utilization

@@ -100,6 +100,8 @@ class RequestRecord:
     method: str
     path: str
     time: float
+    params: dict[str, str]
+    body: Any = None  # the parsed JSON (or apply YAML) body; None when absent or unreadable
     status_code: int | None = None
 
     def matches(self, criteria: Mapping[str, Any]) -> bool:
@@ -384,6 +386,8 @@ class KubernetesAPIEmulator(kmock.KubernetesScaffold):
             method=method,
             path=request.url.path,
             time=time.time(),
+            params=dict(params),
+            body=_parsed_body(request.body, headers.get("content-type") or ""),
         )
         self._records.append(record)
         if len(self._records) > self.max_requests_kept:
@@ -408,6 +412,8 @@ class KubernetesAPIEmulator(kmock.KubernetesScaffold):
         manager: str | None = params.get("fieldManager") or _manager_from_user_agent(
             record.user_agent
         )
+        if path.subresource == "scale" and "scale" in rt.subresources and path.name:
+            return await self._serve_scale(rt, path, record, request, manager)
         if path.subresource not in (None, "status"):
             raise ApiError(
                 404,
@@ -547,6 +553,36 @@ class KubernetesAPIEmulator(kmock.KubernetesScaffold):
                 }
             )
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on {request.url.path}")
+
+    async def _serve_scale(
+        self,
+        rt: ResourceType,
+        path: ApiPath,
+        record: RequestRecord,
+        request: kmock.Request,
+        manager: str | None,
+    ) -> aiohttp.web.StreamResponse:
+        assert path.name is not None
+        namespace = path.namespace if rt.namespaced else None
+        if record.verb == "get":
+            return aiohttp.web.json_response(self.store.get_scale(rt, namespace, path.name))
+        if record.verb in ("update", "patch"):
+            patch_type = (
+                None
+                if record.verb == "update"
+                else PATCH_TYPES.get(record.content_type or "", "merge")
+            )
+            body = _yaml_body(request.body) if patch_type == "apply" else _json_body(request.body)
+            scale = self.store.write_scale(
+                rt,
+                namespace,
+                path.name,
+                None if patch_type == "apply" else patch_type,
+                body,
+                field_manager=manager,
+            )
+            return aiohttp.web.json_response(scale)
+        raise ApiError(405, "MethodNotAllowed", f"{record.method} is not allowed on scale")
 
     async def _watch(
         self,
@@ -707,6 +743,17 @@ class KubernetesAPIEmulator(kmock.KubernetesScaffold):
 def _manager_from_user_agent(user_agent: str | None) -> str:
     """The API server's default field manager: the user agent up to the first "/"."""
     return (user_agent or "unknown").split("/", 1)[0] or "unknown"
+
+
+def _parsed_body(body: bytes, content_type: str) -> Any:
+    if not body.strip():
+        return None
+    try:
+        if content_type.startswith("application/apply-patch+yaml"):
+            return yaml.safe_load(body.decode("utf-8"))
+        return json.loads(body)
+    except (ValueError, yaml.YAMLError, UnicodeDecodeError):
+        return None
 
 
 def _selector(params: Mapping[str, str], name: str | None) -> Selector:

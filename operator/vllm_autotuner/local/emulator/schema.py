@@ -39,6 +39,8 @@ class ResourceType:
     subresources: frozenset[str] = frozenset()
     custom: bool = False  # served from a CRD (merge patch only, returns objects on delete)
     schema: Mapping[str, Any] | None = None  # openAPIV3Schema of this version
+    # The /scale subresource: (specReplicasPath, statusReplicasPath, labelSelectorPath).
+    scale_paths: tuple[str, str, str] = (".spec.replicas", ".status.replicas", "")
 
     @property
     def api_version(self) -> str:
@@ -121,6 +123,12 @@ def crd_types(crd: Mapping[str, Any]) -> CRDVersions:
             continue
         subresources = frozenset((version.get("subresources") or {}).keys())
         schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        scale = (version.get("subresources") or {}).get("scale") or {}
+        scale_paths = (
+            scale.get("specReplicasPath", ".spec.replicas"),
+            scale.get("statusReplicasPath", ".status.replicas"),
+            scale.get("labelSelectorPath", ""),
+        )
         result.types.append(
             ResourceType(
                 group=group,
@@ -135,6 +143,7 @@ def crd_types(crd: Mapping[str, Any]) -> CRDVersions:
                 subresources=subresources,
                 custom=True,
                 schema=schema,
+                scale_paths=scale_paths,
             )
         )
     if not result.types:

@@ -819,6 +819,91 @@ class ObjectStore:
             return old
         return self._commit(rt, "MODIFIED", key, new, old)
 
+    # ----------------------------------------------------------------- scale
+
+    def get_scale(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
+        """The autoscaling/v1 Scale view of an object (what `kubectl scale` and HPAs use)."""
+        with self._lock:
+            obj = self._objects[rt.group_resource].get(self._key(rt, namespace, name))
+            if obj is None:
+                raise errors.not_found(rt, name)
+            return self._scale_of(rt, obj)
+
+    def _scale_of(self, rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
+        spec_path, status_path, selector_path = rt.scale_paths
+        meta = obj["metadata"]
+        selector = _dig(obj, selector_path) if selector_path else None
+        if selector is None and not rt.custom:
+            match_labels = (obj.get("spec") or {}).get("selector") or {}
+            match_labels = match_labels.get("matchLabels", match_labels)
+            selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
+        status: dict[str, Any] = {"replicas": _dig(obj, status_path) or 0}
+        if selector:
+            status["selector"] = selector
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if key in meta
+            },
+            "spec": {"replicas": _dig(obj, spec_path) or 0},
+            "status": status,
+        }
+
+    def write_scale(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        patch_type: str | None,
+        body: Any,
+        *,
+        field_manager: str | None = None,
+    ) -> dict[str, Any]:
+        """PUT (patch_type None) or PATCH the Scale; only the replica count is written back."""
+        with self._lock:
+            key = self._key(rt, namespace, name)
+            existing = self._objects[rt.group_resource].get(key)
+            if existing is None:
+                raise errors.not_found(rt, name)
+            scale = self._scale_of(rt, existing)
+            if patch_type is None:
+                new_scale = body
+            elif patch_type == "json":
+                try:
+                    new_scale = patching.json_patch(scale, body)
+                except patching.PatchError as exc:
+                    raise ApiError(exc.code, "Invalid", str(exc)) from exc
+            elif patch_type == "strategic":
+                new_scale = patching.strategic_merge_patch(scale, body)
+            else:
+                new_scale = patching.merge_patch(scale, body)
+            if not isinstance(new_scale, Mapping):
+                raise errors.bad_request("a Scale must be an object")
+            meta = new_scale.get("metadata") or {}
+            if meta.get("resourceVersion") and meta["resourceVersion"] != scale["metadata"].get(
+                "resourceVersion"
+            ):
+                raise errors.conflict(rt, name)
+            replicas = (new_scale.get("spec") or {}).get("replicas")
+            if not isinstance(replicas, int) or replicas < 0:
+                raise errors.invalid(rt, name, "spec.replicas: must be a non-negative integer")
+            new = _set_path(copy.deepcopy(existing), rt.scale_paths[0], replicas)
+            result = self._write(
+                rt,
+                key,
+                existing,
+                new,
+                subresource=None,
+                manager=field_manager or "unknown",
+                operation="Update",
+                fields={},
+                dry_run=False,
+            )
+            return self._scale_of(rt, result)
+
     # ----------------------------------------------------------------- deleting
 
     def delete(
@@ -1071,3 +1156,21 @@ class ObjectStore:
     def count(self) -> int:
         with self._lock:
             return sum(len(objs) for objs in self._objects.values())
+
+
+def _dig(obj: Mapping[str, Any], path: str) -> Any:
+    current: Any = obj
+    for segment in path.strip(".").split("."):
+        if not isinstance(current, Mapping):
+            return None
+        current = current.get(segment)
+    return current
+
+
+def _set_path(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    segments = path.strip(".").split(".")
+    current = obj
+    for segment in segments[:-1]:
+        current = current.setdefault(segment, {})
+    current[segments[-1]] = value
+    return obj

@@ -282,17 +282,18 @@ class PodRunner:
                 await self._delete_pod(client, pod)
             else:
                 live_pods.append(pod)
-        # The kubelet first: stop what is gone, notice exits, probe health.
-        await self._sync_kubelet(client, live_pods, rs_uids)
-        for deployment in deployments:
-            await self._sync_deployment(client, deployment, live_rs, live_pods)
-        # Standalone ReplicaSets are reconciled too (a Deployment's are done above).
-        for rs in live_rs:
-            if _controller_uid(rs) is None:
-                await self._sync_replicaset(
-                    client, rs, live_pods, int(rs["spec"].get("replicas", 1))
-                )
-        self._publish()
+        try:
+            # The kubelet first: stop what is gone, notice exits, probe health.
+            await self._sync_kubelet(client, live_pods, rs_uids)
+            for deployment in deployments:
+                await self._sync_deployment(client, deployment, live_rs, live_pods)
+            # Standalone ReplicaSets are reconciled too (a Deployment's are done above).
+            for rs in live_rs:
+                if _controller_uid(rs) is None:
+                    desired = int(rs["spec"].get("replicas", 1))
+                    await self._sync_replicaset(client, rs, live_pods, desired)
+        finally:
+            self._publish()
 
     @staticmethod
     def _owned_by_rs(pod: Mapping[str, Any]) -> bool:

@@ -1,0 +1,1 @@
+"""Benchmarks that print numbers (timing and accuracy goals live here, never in tests)."""

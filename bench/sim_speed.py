@@ -1,0 +1,105 @@
+"""How many simulated seconds vllm-sim's engine runs per wall-clock second.
+
+Goal (vllm-sim issue): >= 1000x real time for Llama-3.1-8B on H100 with a chat workload at
+saturation, for Llama-3.1-70B TP4 on H100, and with 1024 concurrent sequences.
+Run: .venv/bin/python bench/sim_speed.py [--requests N] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_sim.engine import Engine
+from vllm_sim.types import EngineConfig, Request
+
+
+def chat_workload(
+    n: int, rate: float, seed: int = 0, prompt_mean: float = 600, output_mean: float = 250
+) -> list[Request]:
+    """Poisson arrivals; prompt and output lengths log-normal (sigma 0.8) with the given means."""
+    rng = np.random.default_rng(seed)
+    sigma = 0.8
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    prompts = rng.lognormal(np.log(prompt_mean) - sigma**2 / 2, sigma, n)
+    outputs = rng.lognormal(np.log(output_mean) - sigma**2 / 2, sigma, n)
+    return [
+        Request(f"r{i}", int(np.clip(prompts[i], 1, 7000)), int(np.clip(outputs[i], 1, 1000)),
+                float(arrivals[i]))
+        for i in range(n)
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    config: EngineConfig
+    rate: float
+    prompt_mean: float = 600
+    output_mean: float = 250
+
+
+CASES = [
+    Case("Llama-3.1-8B H100 TP1, chat at saturation",
+         EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_model_len=8192),
+         rate=30.0),
+    Case("Llama-3.1-70B H100 TP4, chat at saturation",
+         EngineConfig(model="meta-llama/Llama-3.1-70B-Instruct", gpu="H100",
+                      tensor_parallel_size=4, max_model_len=8192),
+         rate=12.0),
+    Case("Llama-3.1-8B H200 TP1, 1024 concurrent sequences",
+         EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H200", max_model_len=4096,
+                      kv_cache_dtype="fp8"),
+         rate=60.0, prompt_mean=300, output_mean=900),
+]  # fmt: skip
+
+
+def run_case(case: Case, n: int, record_itl: bool) -> None:
+    reqs = chat_workload(n, case.rate, prompt_mean=case.prompt_mean, output_mean=case.output_mean)
+    eng = Engine(case.config, record_itl=record_itl)
+    steps = 0
+    peak_running = 0
+
+    def count(_: object) -> None:
+        nonlocal steps, peak_running
+        steps += 1
+        peak_running = max(peak_running, len(eng.sched.running))
+
+    for r in reqs:
+        eng.add_request(r)
+    t0 = time.perf_counter()
+    eng.run_until(reqs[-1].arrival_time)  # the loaded part; the drain is not saturation
+    wall = time.perf_counter() - t0
+    sim = eng.now
+    recs = eng.pop_finished()
+    tput = sum(r.output_len for r in recs) / sim
+    print(
+        f"{case.name}: {sim:8.1f} s simulated in {wall:6.2f} s wall = {sim / wall:7.0f}x real "
+        f"time | {len(recs)} finished, {len(eng.sched.running)} running, "
+        f"{len(eng.sched.waiting)} waiting at the end, {eng.sched.step_index} steps "
+        f"({wall / max(eng.sched.step_index, 1) * 1e6:.0f} us/step), {tput:.0f} output tok/s"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--requests", type=int, default=6000)
+    ap.add_argument("--no-itl", action="store_true", help="record_itl=False (the server's mode)")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    for case in CASES:
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.runcall(run_case, case, args.requests, not args.no_itl)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+        else:
+            run_case(case, args.requests, not args.no_itl)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Replay a recorded real run (`vllm_sim.runs.Run`) through the engine, as its client drove it.
+
+The point is a like-for-like comparison with the measurement, so the replay copies what the
+client did rather than what would be convenient:
+
+- Arrivals are Poisson (the measured inter-arrival CV is ~1.0) with exactly the stage's request
+  count: a Poisson process conditioned on its count is uniform order statistics, so each stage
+  gets `requests` uniform arrival times in its window. Stages run back to back with no drain.
+- Every prompt is the group's system prompt (shared: `prefix_id`/`prefix_len`, which prefix
+  caching can reuse) plus a unique question; its length is the measured mean prompt length.
+  Groups are drawn uniformly per request. Outputs are exactly `output_tokens` long (ignore_eos).
+- A request the client gave up on (`client_timeout_s`) is aborted in the engine at that moment,
+  as vLLM does when the HTTP connection closes; it frees its slot and KV blocks and counts as a
+  failure, which is what makes the completion-based throughput of an overloaded run comparable.
+- Client-side latency = engine latency + `ClientModel.overhead_s` (HTTP, tokenization, the
+  API-server/engine-core hop, streaming and detokenization), the same for every run: it is a
+  property of the serving stack, never a per-row correction.
+- Segments are binned by arrival time like the measurement; `exclude_first_s` drops warm-up.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vllm_sim.engine import Engine
+from vllm_sim.runs import Measured, Run, Stage, Workload
+from vllm_sim.types import EngineConfig, Request, RequestRecord
+
+
+@dataclass(frozen=True)
+class ClientModel:
+    """What the measuring client adds on top of the engine's own timings.
+
+    `overhead_s` is fitted on the TTFT of the unsaturated runs of calibration-h100.yaml
+    (inference-perf over HTTP in the same cluster, vLLM v0.15.1 API server); BLIS's fitted
+    per-request API/queueing term is 15.6 ms on similar H100 traces
+    (simulator-calibration.md §4).
+    """
+
+    overhead_s: float = 0.015
+
+
+CLIENT = ClientModel()
+
+
+def engine_config(run: Run) -> EngineConfig:
+    k = run.knobs
+    return EngineConfig(
+        model=run.model,
+        gpu=run.gpu,
+        tensor_parallel_size=run.tp,
+        max_num_seqs=k.max_num_seqs,
+        max_num_batched_tokens=k.max_num_batched_tokens,
+        gpu_memory_utilization=k.gpu_memory_utilization,
+        max_model_len=k.max_model_len,
+        block_size=k.block_size,
+        enable_prefix_caching=k.enable_prefix_caching,
+    )
+
+
+def scaled_stages(workload: Workload, max_stage_s: float | None) -> tuple[Stage, ...]:
+    """Stages cut to at most `max_stage_s` seconds each, at the same rate (the quick mode)."""
+    if max_stage_s is None:
+        return workload.stages
+    out = []
+    for s in workload.stages:
+        if s.duration <= max_stage_s:
+            out.append(s)
+        else:
+            n = max(1, round(s.requests * max_stage_s / s.duration))
+            out.append(Stage(s.rate, max_stage_s, n))
+    return tuple(out)
+
+
+def build_requests(run: Run, seed: int = 0, stages: Sequence[Stage] | None = None) -> list[Request]:
+    """The run's requests in arrival order; the same run and seed always give the same list."""
+    wl = run.workload
+    stages = wl.stages if stages is None else stages
+    rng = np.random.default_rng(seed)
+    out: list[Request] = []
+    start = 0.0
+    shared = wl.system_prompt_tokens > 0
+    for si, stage in enumerate(stages):
+        times = start + np.sort(rng.uniform(0.0, stage.duration, size=stage.requests))
+        groups = rng.integers(0, wl.groups, size=stage.requests)
+        for i, (t, g) in enumerate(zip(times.tolist(), groups.tolist(), strict=True)):
+            out.append(
+                Request(
+                    request_id=f"s{si}-{i}",
+                    prompt_len=wl.prompt_tokens,
+                    max_tokens=wl.output_tokens,
+                    arrival_time=t,
+                    prefix_id=f"{wl.name}/system-{g}" if shared else None,
+                    prefix_len=wl.system_prompt_tokens if shared else 0,
+                )
+            )
+        start += stage.duration
+    return out
+
+
+@dataclass
+class SegmentStats:
+    """Client-side statistics of one segment of a replay (milliseconds, requests/s)."""
+
+    sent: int
+    ok: int
+    ttft_ms: dict[str, float] = field(default_factory=dict)
+    tpot_ms: dict[str, float] = field(default_factory=dict)
+    e2e_ms: dict[str, float] = field(default_factory=dict)
+    throughput_rps: float | None = None
+    preempted_requests: int = 0
+
+
+def _describe(values: np.ndarray, keys: Sequence[str]) -> dict[str, float]:  # type: ignore[type-arg]
+    if values.size == 0:
+        return {}
+    out: dict[str, float] = {}
+    for k in keys:
+        if k == "mean":
+            out[k] = float(values.mean())
+        else:
+            out[k] = float(np.percentile(values, float(k[1:])))
+    return out
+
+
+@dataclass
+class ReplayResult:
+    """Every request of one replay with the client model it is judged under."""
+
+    run: Run
+    stages: tuple[Stage, ...]
+    records: list[RequestRecord]
+    client: ClientModel
+    num_gpu_blocks: int
+    wall_s: float
+
+    def segment_bounds(self, m: Measured) -> tuple[float, float]:
+        starts = np.cumsum([0.0] + [s.duration for s in self.stages])
+        if m.segment is None:
+            lo, hi = 0.0, float(starts[-1])
+        else:
+            lo, hi = float(starts[m.segment]), float(starts[m.segment + 1])
+        return max(lo, m.exclude_first_s), hi
+
+    def stats(self, m: Measured) -> SegmentStats:
+        """The same statistics the measurement reports, for the same segment."""
+        lo, hi = self.segment_bounds(m)
+        seg = [r for r in self.records if lo <= r.arrival_time < hi]
+        ok = [r for r in seg if r.finish_reason == "length" and r.first_token_time is not None]
+        over = self.client.overhead_s
+        ttft = np.array([r.ttft for r in ok], dtype=np.float64) + over
+        e2e = np.array([r.e2e for r in ok], dtype=np.float64) + over
+        out_len = np.array([r.output_len for r in ok], dtype=np.float64)
+        multi = out_len > 1
+        tpot = (e2e[multi] - ttft[multi]) / (out_len[multi] - 1)
+        thpt = None
+        if ok:
+            span = max(r.finish_time for r in ok) - min(r.arrival_time for r in seg)
+            thpt = len(ok) / span if span > 0 else None
+        return SegmentStats(
+            sent=len(seg),
+            ok=len(ok),
+            ttft_ms=_describe(ttft * 1e3, ("mean", "p50", "p90", "p99")),
+            tpot_ms=_describe(tpot * 1e3, ("mean", "p50", "p99")),
+            e2e_ms=_describe(e2e * 1e3, ("mean", "p50", "p90", "p99")),
+            throughput_rps=thpt,
+            preempted_requests=sum(1 for r in seg if r.num_preemptions > 0),
+        )
+
+
+def replay(
+    run: Run,
+    seed: int = 0,
+    client: ClientModel = CLIENT,
+    max_stage_s: float | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> ReplayResult:
+    """Drive a fresh engine with the run's traffic, aborting requests the client gave up on.
+
+    `progress` is called with the fraction of the run's virtual time done (for long runs).
+    """
+    t0 = time.perf_counter()
+    stages = scaled_stages(run.workload, max_stage_s)
+    requests = build_requests(run, seed, stages)
+    engine = Engine(engine_config(run), seed=seed, record_itl=False)
+    for req in requests:
+        engine.add_request(req)
+    timeout = run.client_timeout_s
+    deadlines: list[tuple[float, str]] = []
+    if timeout is not None:
+        deadlines = [(r.arrival_time + timeout, r.request_id) for r in requests]
+        heapq.heapify(deadlines)
+    done: dict[str, RequestRecord] = {}
+    total = sum(s.duration for s in stages)
+    next_report = 0.0
+    while engine.has_unfinished():
+        horizon = deadlines[0][0] if deadlines else math.inf
+        engine.run_until(horizon)
+        for rec in engine.pop_finished():
+            done[rec.request_id] = rec
+        while deadlines and deadlines[0][0] <= engine.now:
+            _, rid = heapq.heappop(deadlines)
+            if rid not in done:
+                engine.abort_request(rid)
+        for rec in engine.pop_finished():
+            done[rec.request_id] = rec
+        if progress is not None and engine.now >= next_report:
+            progress(min(1.0, engine.now / total))
+            next_report = engine.now + total / 20
+        if not deadlines and engine.has_unfinished():
+            engine.run_until(math.inf)
+    for rec in engine.pop_finished():
+        done[rec.request_id] = rec
+    records = [done[r.request_id] for r in requests if r.request_id in done]
+    return ReplayResult(
+        run=run,
+        stages=stages,
+        records=records,
+        client=client,
+        num_gpu_blocks=engine.kv.num_gpu_blocks,
+        wall_s=time.perf_counter() - t0,
+    )
+
+
+__all__ = [
+    "CLIENT",
+    "ClientModel",
+    "ReplayResult",
+    "SegmentStats",
+    "build_requests",
+    "engine_config",
+    "replay",
+    "scaled_stages",
+]

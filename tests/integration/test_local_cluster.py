@@ -1,0 +1,132 @@
+"""LocalCluster: emulator + pod runner + real Prometheus, and nothing left running afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.prometheus import wait_for_query
+from tests.support.waiting import wait_for
+from vllm_autotuner import API_VERSION
+from vllm_autotuner.local.cluster import LocalCluster
+
+pytestmark = pytest.mark.prometheus
+
+MODEL = "Qwen/Qwen2.5-7B-Instruct"
+
+
+def children() -> set[int]:
+    """Live (non-zombie) processes whose parent is this test process, read from /proc."""
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[1]) == os.getpid():
+            found.add(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def listening(url: str) -> bool:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, int(port))) == 0
+
+
+def api(cluster: LocalCluster, method: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(cluster.url + path, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def deployment(name: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai",
+                            "command": ["vllm", "serve"],
+                            "args": [MODEL, "--port", "8000", "--max-num-seqs", "8"],
+                        }
+                    ]
+                },
+            },
+        },
+    }
+
+
+def test_cluster_serves_pods_to_prometheus_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    before = children()
+    cluster = LocalCluster(
+        tmp_path / "cluster", time_scale=2.0, sim_env={"VLLM_SIM_LOAD_TIME": "0.2"}
+    )
+    with cluster:
+        # The CRDs are served before anyone applies a VLLMDeployment.
+        listed = api(cluster, "GET", f"/apis/{API_VERSION}/vllmdeployments")
+        assert listed["items"] == []
+        assert "server: " in cluster.kubeconfig.read_text()
+        api(cluster, "POST", "/apis/apps/v1/namespaces/team/deployments", deployment("chat"))
+        endpoints = wait_for(lambda: cluster.endpoints("team", "chat"), timeout=30, message="pod")
+        pod_name = endpoints[0][0]
+        assert cluster.prometheus is not None
+        result = wait_for_query(
+            cluster.prometheus,
+            'vllm:num_requests_running{job="vllm",namespace="team"}',
+            timeout=30,
+        )
+        assert result[0]["metric"]["pod"] == pod_name
+        assert result[0]["metric"]["container"] == "vllm"
+        pids = cluster.pids()
+        assert len(pids) == 2 and all(map(running, pids))
+        urls = [cluster.url, cluster.prometheus_url, endpoints[0][1]]
+    assert not any(map(running, pids)), "a process survived stop()"
+    assert children() <= before
+    assert not any(map(listening, urls))
+    # Logs stay in a workdir the caller chose.
+    assert (tmp_path / "cluster" / "pods" / "team" / f"{pod_name}.log").exists()
+
+
+def test_an_exception_inside_the_cluster_still_stops_everything(tmp_path: Path) -> None:
+    before = children()
+    cluster = LocalCluster(with_prometheus=False, sim_env={"VLLM_SIM_LOAD_TIME": "0.2"})
+    with pytest.raises(KeyboardInterrupt), cluster:  # what Ctrl-C raises
+        workdir = cluster.workdir
+        api(cluster, "POST", "/apis/apps/v1/namespaces/default/deployments", deployment("a"))
+        wait_for(lambda: cluster.endpoints("default", "a"), timeout=30, message="pod")
+        pids = cluster.pids()
+        assert pids and all(map(running, pids))
+        raise KeyboardInterrupt
+    assert not any(map(running, pids))
+    assert children() <= before
+    assert not workdir.exists()  # a temporary workdir is removed
