@@ -207,12 +207,14 @@ class Controller:
                 )
             )
 
-        tuning = dict(tuned.tuning)
+        tuning = keep_stamp(tuned.tuning, previous_tuning, "lastDecision", "time")
         if start.notes:
             tuning["startNote"] = start.notes[-1]
         fields["tuning"] = tuning
         if tuned.observed is not None:
-            fields["observed"] = tuned.observed
+            fields["observed"] = keep_stamp(
+                {"_": tuned.observed}, {"_": previous.get("observed")}, "_", "time"
+            )["_"]
         degraded = tuned.degraded or ConditionUpdate("Degraded", "False", "AsExpected", "")
         updates += [
             ConditionUpdate("PolicyResolved", "True", resolution.reason, resolution.message),
@@ -281,13 +283,10 @@ class Controller:
                 self.metrics.rollouts.labels(namespace, name).inc()
             if decision.action == "rollback":
                 self.metrics.rollbacks.labels(namespace, name).inc()
-        in_trial = new.phase in ("Candidate", "RollingOut", "Verifying")
+        in_trial = new.phase in ("RollingOut", "Verifying")
         if snapshot.available:
             metrics_cond = ConditionUpdate(
-                "MetricsAvailable",
-                "True",
-                "MetricsFresh",
-                f"{snapshot.completed_requests} requests in the last {snapshot.window_s:.0f}s",
+                "MetricsAvailable", "True", "MetricsFresh", "Prometheus answers for this revision"
             )
         else:
             metrics_cond = ConditionUpdate(
@@ -453,3 +452,22 @@ def policy_status_patch(body: Mapping[str, Any], now: datetime) -> dict[str, Any
         update = ConditionUpdate("Valid", "False", "Invalid", _first_errors(exc))
     new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
     return status_patch(previous, new)
+
+
+def keep_stamp(
+    new: Mapping[str, Any], old: Mapping[str, Any], key: str, stamp: str
+) -> dict[str, Any]:
+    """Keep `old[key][stamp]` when nothing else in `new[key]` changed.
+
+    A decision or an observation repeated every cycle would otherwise rewrite status every
+    cycle only to move a timestamp, waking Argo CD and every watcher for nothing.
+    """
+    result = dict(new)
+    fresh, stale = new.get(key), old.get(key)
+    if isinstance(fresh, Mapping) and isinstance(stale, Mapping) and stamp in stale:
+        same = {k: v for k, v in fresh.items() if k != stamp} == {
+            k: v for k, v in stale.items() if k != stamp
+        }
+        if same:
+            result[key] = {**fresh, stamp: stale[stamp]}
+    return result

@@ -30,7 +30,7 @@ from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials, resource_p
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.prometheus import PrometheusSource
 from vllm_autotuner.controller import Controller, Outcome, policy_status_patch
-from vllm_autotuner.observer import Observer
+from vllm_autotuner.observer import Observer, SnapshotSource
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,13 @@ def _all(index: Any, key: Any) -> list[Any]:
         return []
 
 
-def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Controller]:
+def build_registry(
+    config: OperatorConfig, snapshot_source: SnapshotSource | None = None
+) -> tuple[kopf.OperatorRegistry, Controller]:
+    """`snapshot_source` replaces Prometheus (tests and the virtual-time benchmark)."""
     registry = kopf.OperatorRegistry()
     kube = KubeClient(config.credentials, timeout_s=config.request_timeout_s)
-    source = (
+    source: SnapshotSource | None = snapshot_source or (
         PrometheusSource(
             config.prometheus_url,
             timeout_s=config.prometheus_timeout_s,
@@ -270,8 +273,9 @@ async def run_operator(
     namespaces: list[str] | None = None,
     liveness_endpoint: str | None = None,
     stop_flag: asyncio.Event | None = None,
+    snapshot_source: SnapshotSource | None = None,
 ) -> None:
-    registry, _ = build_registry(config)
+    registry, _ = build_registry(config, snapshot_source)
     await kopf.operator(
         registry=registry,
         clusterwide=not namespaces,

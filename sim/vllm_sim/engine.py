@@ -19,7 +19,7 @@ from vllm_sim.catalog import GpuSpec, ModelSpec, load_gpu, load_model
 from vllm_sim.kv import KVCacheInfo, kv_cache_info, resolve_config
 from vllm_sim.metrics import VllmMetrics, cache_config_labels
 from vllm_sim.scheduler import Batch, Scheduler, Seq
-from vllm_sim.steptime import FloatArray, StepTimeModel
+from vllm_sim.steptime import CALIBRATION, Calibration, FloatArray, StepTimeModel
 from vllm_sim.types import (
     EngineConfig,
     EngineCrashed,
@@ -63,6 +63,7 @@ class Engine:
         seed: int = 0,
         record_itl: bool = True,
         fast: bool = True,
+        calibration: Calibration | None = None,
     ) -> None:
         self.config = config
         self.reality = reality or Reality()
@@ -75,6 +76,7 @@ class Engine:
             self.gpu,
             config.tensor_parallel_size,
             self.kv.kv_bytes_per_token,
+            calibration=calibration or CALIBRATION,
             bandwidth_efficiency=self.reality.bandwidth_efficiency,
             compute_efficiency=self.reality.compute_efficiency,
         )
@@ -89,6 +91,7 @@ class Engine:
         )
         self.metrics.gauge_provider = self._gauges
         self.fast = fast
+        self._frontend_s = (calibration or CALIBRATION).c_frontend_s
         self.record_itl = record_itl
         self.on_step: Callable[[StepStats], None] | None = None
         self.now = 0.0
@@ -131,7 +134,7 @@ class Engine:
             raise ValueError("arrival_time must be finite")
         self._ids.add(req.request_id)
         seq = Seq(req, self.max_model_len, self.resolved.block_size, req.arrival_time)
-        visible = max(req.arrival_time, self.now)
+        visible = max(req.arrival_time + self._frontend_s, self.now)
         heapq.heappush(self._pending, (visible, self._order, seq))
         self._order += 1
 

@@ -391,14 +391,15 @@ class SimServer:
             )
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        if self.dead or self.closing:
-            return RequestError(
-                "EngineCore encountered an issue.", 503 if self.closing else 500, "EngineDeadError"
-            ).response()
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             return RequestError("the request body is not valid JSON").response()
+        # Checked after the body is read: the engine may have died meanwhile.
+        if self.dead or self.closing:
+            return RequestError(
+                "EngineCore encountered an issue.", 503 if self.closing else 500, "EngineDeadError"
+            ).response()
         try:
             gen = parse_generation(body, chat)
             self._check(body, gen)

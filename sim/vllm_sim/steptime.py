@@ -35,6 +35,12 @@ class Calibration:
     c_seq_s: float = 8e-6  # per scheduled sequence (input prep, sampling; BLIS fit 4.4 us)
     allreduce_latency_s: float = 6e-6  # per all-reduce (two per layer) when TP > 1
     eta_link: float = 0.7  # achieved / peak interconnect bandwidth in all-reduces
+    # API server to engine core: tokenization and IPC before a request can be scheduled. It is
+    # part of vLLM's TTFT (the clock starts at the frontend), not of its queue time.
+    c_frontend_s: float = 0.0
+    # Fused-MoE expert GEMMs run far from peak at serving batch sizes (tokens are split over
+    # the experts); their FLOPs are divided by this extra efficiency.
+    eta_moe: float = 1.0
 
 
 CALIBRATION = Calibration()
@@ -65,7 +71,10 @@ class StepTimeModel:
         peak = gpu.bf16_flops
         self._w_bw = eta_w * bw
         self._kv_per_token_s = kv_bytes_per_token / (eta_kv * bw)
-        self._flop_per_token = 2.0 * model.active_params_per_token / tp
+        moe_experts = model.num_experts_per_tok * model.expert_params * model.num_hidden_layers
+        dense_part = model.active_params_per_token - (moe_experts if model.is_moe else 0)
+        moe_part = moe_experts / cal.eta_moe if model.is_moe else 0.0
+        self._flop_per_token = 2.0 * (dense_part + moe_part) / tp
         self._flop_per_logit = 2.0 * model.hidden_size * model.vocab_size / tp
         self._flop_per_pair = (
             4.0 * model.num_hidden_layers * model.num_attention_heads * model.head_dim / tp

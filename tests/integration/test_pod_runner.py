@@ -21,7 +21,12 @@ import pytest
 from tests.support.kube import KubeHandle, running_emulator
 from tests.support.waiting import wait_for
 from vllm_autotuner.local.pods import PORT_ANNOTATION, PodRunner, RunnerConfig
-from vllm_autotuner.local.runner.container import serve_args, termination_reason, with_local_address
+from vllm_autotuner.local.runner.container import (
+    gpu_for_node_selector,
+    serve_args,
+    termination_reason,
+    with_local_address,
+)
 from vllm_autotuner.local.runner.workloads import (
     RevisionCounts,
     Strategy,
@@ -54,6 +59,18 @@ def test_serve_args_accept_the_forms_vllm_is_started_with() -> None:
     assert "8000" not in local and "--host=0.0.0.0" not in local
     assert local[-4:] == ["--host", "127.0.0.1", "--port", "1234"]
     assert local[local.index("--max-num-seqs") + 1] == "8"
+
+
+def test_a_gpu_product_node_selector_picks_the_simulated_gpu() -> None:
+    assert gpu_for_node_selector({"nvidia.com/gpu.product": "NVIDIA-H200"}) == "H200"
+    assert gpu_for_node_selector({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}) == (
+        "A100-80GB"
+    )
+    assert gpu_for_node_selector({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}) == (
+        "A100-40GB"
+    )
+    assert gpu_for_node_selector({"kubernetes.io/os": "linux"}) is None
+    assert gpu_for_node_selector(None) is None
 
 
 def test_termination_reasons_follow_the_kubelet() -> None:
@@ -194,12 +211,15 @@ def deployment(
     }
     if env:
         container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    # Surge-free, as the operator renders it for full GPU nodes (the API's default is 25%/25%).
+    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name},
         "spec": {
             "replicas": replicas,
+            "strategy": strategy,
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},

@@ -505,6 +505,7 @@ def _sims(n: int) -> Iterator[list[int]]:
 async def test_simulated_pods_match_their_own_metrics() -> None:
     """Two vllm-sim pods under load: the Snapshot agrees with the sims' own counters."""
     window = 20
+    load_wall_s = window + 60  # enough for Prometheus history, then the window
     with _sims(2) as ports, PrometheusServer(scrape_interval="1s") as prom:
         prom.set_targets(
             [
@@ -526,7 +527,7 @@ async def test_simulated_pods_match_their_own_metrics() -> None:
                     "--rate",
                     "2",
                     "--duration",
-                    str(window + 25),
+                    str(load_wall_s * SIM_SCALE),  # virtual seconds of arrivals
                     "--seed",
                     str(i),
                     "--workload",
@@ -559,6 +560,10 @@ async def test_simulated_pods_match_their_own_metrics() -> None:
     assert snap.available, snap.reason
     true_requests = sum(_requests(b, a) for b, a in zip(before, after, strict=True))
     assert true_requests > 50
+    print(
+        f"sim: {true_requests:.0f} requests, rate {snap.request_rate:.3f} vs "
+        f"{true_requests / window / SIM_SCALE:.3f}; ttft p50/p90 {snap.ttft.p50_ms}/{snap.ttft.p90_ms}"
+    )
     # Counters count events per wall second; the snapshot reports virtual seconds.
     assert snap.request_rate == pytest.approx(true_requests / window / SIM_SCALE, rel=0.05)
     buckets: dict[float, float] = {}
@@ -570,4 +575,5 @@ async def test_simulated_pods_match_their_own_metrics() -> None:
     for q, got in ((0.5, snap.ttft.p50_ms), (0.9, snap.ttft.p90_ms)):
         expected = histogram_quantile(q, truth)
         assert expected is not None and got is not None
+        print(f"sim: ttft p{q * 100:.0f} {got:.1f} ms vs truth {expected * 1000:.1f} ms")
         assert _bucket_of(got / 1000, bounds) == _bucket_of(expected, bounds), (q, got, expected)

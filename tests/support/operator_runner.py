@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 
 from vllm_autotuner.adapters.kube import KubeCredentials
+from vllm_autotuner.observer import SnapshotSource
 from vllm_autotuner.operator import OperatorConfig, run_operator
 
 
 class OperatorThread:
-    def __init__(self, config: OperatorConfig, namespaces: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: OperatorConfig,
+        namespaces: list[str] | None = None,
+        snapshot_source: SnapshotSource | None = None,
+    ) -> None:
         self.config = config
+        self.snapshot_source = snapshot_source
         self.namespaces = namespaces
         self.error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -27,7 +34,12 @@ class OperatorThread:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self._started.set()
-            await run_operator(self.config, namespaces=self.namespaces, stop_flag=self._stop)
+            await run_operator(
+                self.config,
+                namespaces=self.namespaces,
+                stop_flag=self._stop,
+                snapshot_source=self.snapshot_source,
+            )
 
         try:
             asyncio.run(body())
@@ -43,10 +55,8 @@ class OperatorThread:
 
     def stop(self, timeout: float = 30.0) -> None:
         if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop may have ended already
                 self._loop.call_soon_threadsafe(self._stop.set)
-            except RuntimeError:
-                pass  # the loop already ended
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError("operator did not stop within the timeout")
@@ -56,12 +66,16 @@ class OperatorThread:
 
 @contextmanager
 def running_operator(
-    server: str, *, interval_s: float = 1.0, namespaces: list[str] | None = None
+    server: str,
+    *,
+    interval_s: float = 1.0,
+    namespaces: list[str] | None = None,
+    snapshot_source: SnapshotSource | None = None,
 ) -> Iterator[OperatorThread]:
     config = OperatorConfig(
         credentials=KubeCredentials(server=server, verify=False), reconcile_interval_s=interval_s
     )
-    thread = OperatorThread(replace(config), namespaces).start()
+    thread = OperatorThread(config, namespaces, snapshot_source).start()
     try:
         yield thread
     finally:

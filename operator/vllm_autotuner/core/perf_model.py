@@ -560,11 +560,13 @@ class EngineModel:
 
     def __init__(
         self,
-        num_requests: int = 200,
+        num_requests: int = 300,
         seed: int = 7,
-        capacity_steps: int = 4,
+        capacity_steps: int = 3,
+        capacity_requests: int = 100,
     ) -> None:
         self.num_requests = num_requests
+        self.capacity_requests = capacity_requests
         self.seed = seed
         self.capacity_steps = capacity_steps
         self.analytic = AnalyticModel()
@@ -599,15 +601,22 @@ class EngineModel:
         ov = prior_extra.get("per_request_overhead_s", 0.0)
         # Fixed-point iteration: decode steps scale with 1/bandwidth efficiency, the extra
         # length of prefill-carrying steps with 1/compute efficiency.
-        for _ in range(4):
+        for _ in range(3):
             r = self._simulate(knobs, workload, be, ce, ov)
             if r is None or not r.stable:
                 be, ce = be * 1.5, ce * 1.5  # the engine cannot even keep up: it is faster
                 continue
             # Damped (the two interact: slower prefill also lengthens the mean step).
             be = _clip(be * (r.itl_mean_ms / mean_itl) ** 0.7, 0.05, 3.0)
-            if tail_itl is not None:
-                ce = _clip(ce * (r.itl_ms / tail_itl) ** 0.5, 0.05, 3.0)
+            # Compute efficiency shows in both the ITL tail (prefill-carrying steps) and the
+            # median TTFT (prefill chunks); fit their geometric mean, as neither alone pins it.
+            ratios = []
+            if tail_itl is not None and tail_itl > 0:
+                ratios.append(r.itl_ms / tail_itl)
+            if ttft50 is not None and ttft50 > 0:
+                ratios.append(r.ttft_p50_ms / ttft50)
+            if ratios:
+                ce = _clip(ce * math.prod(ratios) ** (0.5 / len(ratios)), 0.05, 3.0)
         # What the engine cannot explain of the median TTFT is API-server time, which vLLM
         # spends outside the engine's steps (Reality's overhead would lengthen steps instead,
         # so it is only used for what is small enough to be step CPU time).
@@ -677,7 +686,7 @@ class EngineModel:
     ) -> float:
         def ok(rate: float) -> bool:
             ww = w.at_rate(rate)
-            r = self._simulate(knobs, ww, be, ce, ov)
+            r = self._simulate(knobs, ww, be, ce, ov, self.capacity_requests)
             return (
                 r is not None
                 and r.stable
@@ -689,7 +698,7 @@ class EngineModel:
         rate = max(w.request_rate, 0.05)
         if meets_now:
             lo, hi = rate, rate * 2.0
-            for _ in range(4):
+            for _ in range(3):
                 if not ok(hi):
                     break
                 lo, hi = hi, hi * 2.0
@@ -697,7 +706,7 @@ class EngineModel:
                 return lo
         else:
             lo, hi = 0.0, rate
-            for _ in range(4):
+            for _ in range(3):
                 if ok(hi / 2.0):
                     lo = hi / 2.0
                     break
@@ -713,23 +722,31 @@ class EngineModel:
         return lo
 
     def _simulate(
-        self, knobs: Knobs, w: Workload, be: float, ce: float, ov: float
+        self, knobs: Knobs, w: Workload, be: float, ce: float, ov: float, n: int | None = None
     ) -> _SimResult | None:
+        n = n or self.num_requests
         ctx = self.ctx
         assert ctx is not None
         key = (knobs, w.request_rate, w.prompt_mean, w.prompt_p90, w.gen_mean, w.gen_p90,
                w.prefix_hit_rate, tuple(w.slo.targets()), round(be, 6), round(ce, 6),
-               round(ov, 6), ctx)  # fmt: skip
+               round(ov, 6), ctx, n)  # fmt: skip
         if key in self._cache:
             return self._cache[key]
-        result = self._run(knobs, w, be, ce, ov, ctx)
+        result = self._run(knobs, w, be, ce, ov, ctx, n)
         if len(self._cache) > 4096:
             self._cache.clear()
         self._cache[key] = result
         return result
 
     def _run(
-        self, knobs: Knobs, w: Workload, be: float, ce: float, ov: float, ctx: DeploymentContext
+        self,
+        knobs: Knobs,
+        w: Workload,
+        be: float,
+        ce: float,
+        ov: float,
+        ctx: DeploymentContext,
+        n: int,
     ) -> _SimResult | None:
 
         gpu = _sim_gpu(ctx.gpu_product)
@@ -761,11 +778,11 @@ class EngineModel:
         spec = WorkloadSpec(
             prompt=prompt,
             output=output,
-            duration=self.num_requests / rate,
+            duration=n / rate,
             seed=self.seed,
             prefix_ratio=min(0.95, w.prefix_hit_rate),
             prefix_groups=4,
-            max_requests=self.num_requests,
+            max_requests=n,
         ).with_rate(rate)
         requests = [r for r in spec.generate() if r.prompt_len + r.max_tokens <= limit]
         if not requests:

@@ -190,7 +190,7 @@ def search(
     min_gain_pct: float,
     slo_violated: bool,
     max_evaluations: int = 400,
-    refine_top: int = 3,
+    refine_top: int = 2,
 ) -> SearchResult:
     gmu_max = gmu_ceiling(applied, stable_gmu, gmu_rise_step)
     axes = candidate_axes(applied, bounds, diagnosis, gmu_max)

@@ -16,7 +16,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.sim.simproc import MODEL, running_sim, start_sim, stop_sim
-from tests.support.waiting import wait_for
+from tests.support.waiting import WaitTimeout, wait_for
 from vllm_sim.engine import Engine
 from vllm_sim.types import EngineConfig, StartupError
 
@@ -171,7 +171,10 @@ def test_runtime_oom_kills_the_server_with_the_crash_exit_code(tmp_path: Path) -
                 requests.post(f"{sim.url}/v1/completions", json={"prompt": "x"}, timeout=5)
             return sim.process.poll() is not None
 
-        wait_for(crashed, timeout=30, interval=0.05, message="the simulated OOM")
+        try:
+            wait_for(crashed, timeout=30, interval=0.05, message="the simulated OOM")
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}\n--- server log ---\n{sim.log()}") from exc
     finally:
         stop_sim(sim)
     assert sim.process.returncode == 137

@@ -355,3 +355,35 @@ def test_trials_and_infeasible_lists_are_bounded() -> None:
     state = state.with_infeasible(InfeasibleConfig(KNOBS, "last", NOW))
     assert len(state.trials) == 20 and state.trials[-1].id == 30
     assert len(state.infeasible) <= 50 and state.infeasible[-1].reason == "last"
+
+
+def test_engine_backed_decide_fixes_a_violation_the_engine_confirms() -> None:
+    """Closed loop against the simulator's ground truth: observe, roll out, verify, commit."""
+    from tests.unit.core.test_perf_model import ENGINE_CTX, ground_truth
+    from vllm_autotuner.core.perf_model import EngineModel
+
+    def truth(k: Knobs) -> Snapshot:
+        return ground_truth(k, rate=3.0, prompt_mean=3000.0)  # long prompts, as in RAG
+
+    policy = make_policy(
+        slo=SLO(ttft=SLOTarget(95.0, 2000.0), itl=SLOTarget(95.0, 60.0)),
+        bounds=Bounds(
+            KnobBounds(256, 16384, 4096), KnobBounds(8, 1024, 128), KnobBounds(0.5, 0.95, 0.03)
+        ),  # fmt: skip
+    )
+    start = Knobs(2048, 256, 0.9)
+    before = truth(start)
+    assert before.itl.p95_ms is not None and before.itl.p95_ms > 60.0  # the premise
+    model = EngineModel()
+    d = decide(TuningState.initial(start), Observation(before, ready_pods(start)), policy,
+               ENGINE_CTX, NOW, model)  # fmt: skip
+    assert d.action == "rollout", d.reason
+    assert d.knobs_to_apply is not None and d.prediction is not None
+    after = truth(d.knobs_to_apply)
+    assert after.itl.p95_ms is not None
+    assert after.itl.p95_ms < before.itl.p95_ms
+    assert d.prediction.itl_ms == pytest.approx(after.itl.p95_ms, rel=0.2)
+    verifying = replace(d.new_state, phase="Verifying", verify_until=NOW)
+    v = decide(verifying, Observation(after, ready_pods(d.knobs_to_apply)), policy, ENGINE_CTX,
+               NOW + timedelta(seconds=1), model)  # fmt: skip
+    assert v.action == ("commit" if after.itl.p95_ms <= 60.0 else "rollback"), v.reason

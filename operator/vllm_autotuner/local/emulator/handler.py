@@ -170,6 +170,7 @@ class KubernetesAPIEmulator(kmock.KubernetesScaffold):
         event_window: int = 10_000,
         history_limit: int = 50,
         prune_unknown_fields: bool = True,
+        builtin_defaults: bool = True,
         bookmark_interval: float = 5.0,
         max_requests_kept: int = 100_000,
     ) -> None:
@@ -178,6 +179,7 @@ class KubernetesAPIEmulator(kmock.KubernetesScaffold):
             event_window=event_window,
             history_limit=history_limit,
             prune_unknown_fields=prune_unknown_fields,
+            builtin_defaults=builtin_defaults,
         )
         self.bookmark_interval = bookmark_interval
         self.max_requests_kept = max_requests_kept

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_autotuner.local.emulator import errors, patching
+from vllm_autotuner.local.emulator.defaults import apply_builtin_defaults
 from vllm_autotuner.local.emulator.errors import ApiError
 from vllm_autotuner.local.emulator.schema import (
     CRDVersions,
@@ -103,7 +104,9 @@ class ObjectStore:
         event_window: int = 10_000,
         history_limit: int = 50,
         prune_unknown_fields: bool = True,
+        builtin_defaults: bool = True,
     ) -> None:
+        self.builtin_defaults = builtin_defaults
         self.auto_create_namespaces = auto_create_namespaces
         self.event_window = event_window
         self.history_limit = history_limit
@@ -411,6 +414,8 @@ class ObjectStore:
             if dry_run:
                 return self._present(rt, obj)
             stored = self._commit(rt, "ADDED", key, obj, None)
+            if meta.get("ownerReferences"):
+                self._gc_needed = True  # a child of an owner that does not exist is collected
             if rt.group_resource == ("apiextensions.k8s.io", "customresourcedefinitions"):
                 stored = self._replace(rt, key, self._apply_crd(stored), stored)
             self._collect_garbage()
@@ -458,8 +463,12 @@ class ObjectStore:
             )
         return namespace
 
-    def _admit(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    def _admit(
+        self, rt: ResourceType, obj: dict[str, Any], existing: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Pruning, defaulting and the fields built-in strategies set on every write."""
+        if not rt.custom and self.builtin_defaults:
+            obj = apply_builtin_defaults(rt.group_resource, obj, existing)
         if rt.group_resource == ("apiextensions.k8s.io", "customresourcedefinitions"):
             try:
                 crd_types(obj)
@@ -749,7 +758,7 @@ class ObjectStore:
         result["metadata"] = meta
         result["apiVersion"] = rt.api_version
         result["kind"] = rt.kind
-        result = self._admit(rt, result)
+        result = self._admit(rt, result, existing)
         if rt.group_resource == ("apiextensions.k8s.io", "customresourcedefinitions"):
             result = self._apply_crd(result)
         if _strip(result, keep_status=not rt.has_status) != _strip(

@@ -90,6 +90,22 @@ def container_env(container: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
+# The GPU Feature Discovery label a node selector pins the GPU model with, e.g. NVIDIA-H200 or
+# NVIDIA-A100-SXM4-80GB; this machine plays whichever node the pod asks for.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def gpu_for_node_selector(selector: Mapping[str, Any] | None) -> str | None:
+    """The simulator's GPU catalog name for a pod pinned to a GPU product, if it names one."""
+    product = str((selector or {}).get(GPU_PRODUCT_LABEL, "")).upper()
+    for name in ("B200", "H200", "H100", "L40S"):
+        if name in product:
+            return name
+    if "A100" in product:
+        return "A100-80GB" if "80G" in product else "A100-40GB"
+    return None
+
+
 def termination_reason(exit_code: int, log_tail: str) -> str:
     """The kubelet's lastState.terminated.reason for an exit: a SIGKILL exit code, or a CUDA OOM
     after the engine had started, is OOMKilled (what the operator treats as an infeasible

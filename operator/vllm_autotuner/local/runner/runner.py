@@ -42,6 +42,7 @@ from vllm_autotuner.local.runner.container import (
     UnsupportedCommand,
     container_env,
     free_port,
+    gpu_for_node_selector,
     last_line,
     serve_args,
     spawn,
@@ -95,6 +96,17 @@ def _controller_uid(obj: Mapping[str, Any]) -> str | None:
         if ref.get("controller"):
             return str(ref.get("uid"))
     return None
+
+
+def _controller_kind(obj: Mapping[str, Any]) -> str | None:
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("kind"))
+    return None
+
+
+def _revision(rs: Mapping[str, Any]) -> int:
+    return int((rs["metadata"].get("annotations") or {}).get(REVISION_ANNOTATION, 0))
 
 
 def _owner_ref(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -267,7 +279,7 @@ class PodRunner:
             if (
                 owner is not None
                 and owner not in deployment_uids
-                and rs["metadata"].get("ownerReferences", [{}])[0].get("kind") == "Deployment"
+                and _controller_kind(rs) == ("Deployment")
             ):
                 await self._delete(
                     client, _rs_path(rs["metadata"]["namespace"], rs["metadata"]["name"])
@@ -297,8 +309,7 @@ class PodRunner:
 
     @staticmethod
     def _owned_by_rs(pod: Mapping[str, Any]) -> bool:
-        refs = pod["metadata"].get("ownerReferences") or []
-        return any(r.get("controller") and r.get("kind") == "ReplicaSet" for r in refs)
+        return _controller_kind(pod) == "ReplicaSet"
 
     async def _delete(self, client: KubeClient, path: str) -> None:
         with contextlib.suppress(NotFound):
@@ -343,15 +354,12 @@ class PodRunner:
             ),
             None,
         )
-        revisions = [
-            int(rs["metadata"].get("annotations", {}).get(REVISION_ANNOTATION, 0)) for rs in owned
-        ]
-        top = max(revisions, default=0)
+        top = max((_revision(rs) for rs in owned), default=0)
         if new is None:
             new = await self._create_replicaset(
                 client, deployment, pod_hash, top + 1, 0 if owned else replicas
             )
-        elif int(new["metadata"].get("annotations", {}).get(REVISION_ANNOTATION, 0)) < top:
+        elif _revision(new) < top:
             # Going back to an earlier template re-uses its ReplicaSet as the newest revision.
             new = await client.merge_patch(
                 _rs_path(namespace, new["metadata"]["name"]),
@@ -377,6 +385,7 @@ class PodRunner:
             old_counts.append(await self._sync_replicaset(client, scaled, pods, target))
         new = await self._scale(client, new, new_target)
         new_counts = await self._sync_replicaset(client, new, pods, new_target)
+        await self._prune_history(client, spec, old, old_targets, old_counts)
         await self._write_deployment_status(
             client,
             deployment,
@@ -385,6 +394,28 @@ class PodRunner:
             old_counts,
             strategy.max_unavailable,
         )
+
+    async def _prune_history(
+        self,
+        client: KubeClient,
+        spec: Mapping[str, Any],
+        old: list[dict[str, Any]],
+        targets: Mapping[str, int],
+        counts: list[tuple[int, int]],
+    ) -> None:
+        """Keep spec.revisionHistoryLimit (default 10) scaled-down old ReplicaSets, for rollback
+        by `kubectl rollout undo`; the operator's many trials would otherwise pile them up."""
+        limit = int(spec.get("revisionHistoryLimit", 10))
+        idle = [
+            rs
+            for rs, (pods, _) in zip(old, counts, strict=True)
+            if targets[rs["metadata"]["name"]] == 0 and pods == 0
+        ]
+        idle.sort(key=_revision)
+        for rs in idle[: max(len(idle) - limit, 0)]:
+            await self._delete(
+                client, _rs_path(rs["metadata"]["namespace"], rs["metadata"]["name"])
+            )
 
     async def _create_replicaset(
         self,
@@ -633,6 +664,8 @@ class PodRunner:
             owner = next((r["name"] for r in refs if r.get("kind") == "Deployment"), None)
         grace = float(spec.get("terminationGracePeriodSeconds", 30))
         probe = first.get("readinessProbe") or {}
+        gpu = gpu_for_node_selector(spec.get("nodeSelector"))
+        node_gpu = {"VLLM_SIM_GPU": gpu} if gpu else {}
         container = Container(
             namespace=meta["namespace"],
             pod=meta["name"],
@@ -643,7 +676,7 @@ class PodRunner:
             grace_s=min(grace, self.config.max_grace_s),
             log_path=self.config.workdir / "pods" / meta["namespace"] / f"{meta['name']}.log",
             owner=owner,
-            env={**self.config.env, **container_env(first)},
+            env={**self.config.env, **node_gpu, **container_env(first)},
             readiness_threshold=int(probe.get("failureThreshold", 3)),
         )
         try:

@@ -1,0 +1,77 @@
+"""Command line: replay every run of the given runs files and print the fidelity table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from bench.fidelity.report import compare, markdown, to_json
+from vllm_sim.replay import CLIENT, replay
+from vllm_sim.runs import calibration_runs_path, load_runs
+
+QUICK_STAGE_S = 150.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.fidelity", description=__doc__)
+    p.add_argument(
+        "runs_files", nargs="*", type=Path, help="runs files (default: the H100 calibration set)"
+    )
+    p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "vllm-sim-fidelity")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"cut every stage to {QUICK_STAGE_S:.0f} s at its rate (about 5x faster, noisier)",
+    )
+    p.add_argument("--only", default="", help="replay only runs whose id contains this text")
+    p.add_argument(
+        "--client-overhead-ms",
+        type=float,
+        default=CLIENT.overhead_s * 1e3,
+        help="client-side latency added to TTFT and E2E (HTTP, streaming, detokenization)",
+    )
+    args = p.parse_args(argv)
+    files = args.runs_files or [calibration_runs_path()]
+    runs = [r for f in files for r in load_runs(f) if args.only in r.id]
+    if not runs:
+        print("no runs selected", file=sys.stderr)
+        return 2
+    client = replace(CLIENT, overhead_s=args.client_overhead_ms / 1e3)
+    max_stage_s = QUICK_STAGE_S if args.quick else None
+    reports = []
+    t_start = time.perf_counter()
+    for i, run in enumerate(runs, 1):
+        label = f"[{i}/{len(runs)}] {run.id}"
+
+        def progress(frac: float, label: str = label) -> None:
+            print(f"\r{label} {frac:4.0%}", end="", file=sys.stderr, flush=True)
+
+        result = replay(run, args.seed, client, max_stage_s, progress)
+        print(
+            f"\r{label} {len(result.records)} requests in {result.wall_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        reports.append(compare(result))
+    md = markdown(reports, client.overhead_s, args.seed, args.quick)
+    print(md)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fidelity.md").write_text(md)
+    data = to_json(reports, client.overhead_s, args.seed, args.quick)
+    (args.out / "fidelity.json").write_text(json.dumps(data, indent=1))
+    print(
+        f"wrote {args.out / 'fidelity.md'} and fidelity.json "
+        f"({time.perf_counter() - t_start:.0f} s in all)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
