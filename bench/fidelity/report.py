@@ -184,8 +184,9 @@ def markdown(reports: list[RunReport], client_overhead_s: float, seed: int, quic
             meas_ok = (
                 f" ({row.measured_ok}/{row.measured_sent})" if row.measured_sent is not None else ""
             )
+            name = f"{rep.run_id}{flag}" if i == 0 else ""
             lines.append(
-                f"| {rep.run_id if i == 0 else ''}{flag if i == 0 else ''} | {row.segment} | {kv} | "
+                f"| {name} | {row.segment} | {kv} | "
                 + " | ".join(_cell(row.cells.get(c)) for c in cols)
                 + f" | {row.ok}/{row.sent}{meas_ok} |"
             )

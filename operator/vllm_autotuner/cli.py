@@ -71,6 +71,102 @@ def _add_crds(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--out", type=Path, help="directory to write one file per CRD")
 
 
+def _add_recommend(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "recommend",
+        help="print the diagnosis and recommended vLLM flags for a fleet, from Prometheus alone",
+    )
+    p.add_argument("--prometheus", "--prometheus-url", dest="prometheus", required=True)
+    p.add_argument("--namespace", "-n", help="only pods in this namespace")
+    p.add_argument("--pod-regex", help="only pods whose name matches this regex")
+    p.add_argument(
+        "--selector", "-l", action="append", default=[], metavar="LABEL=VALUE",
+        help="only series with this Prometheus label value (repeat)",
+    )  # fmt: skip
+    p.add_argument("--ttft-ms", type=float, help="TTFT SLO threshold (ms)")
+    p.add_argument("--ttft-percentile", type=float, default=95.0)
+    p.add_argument("--itl-ms", type=float, help="inter-token latency SLO threshold (ms)")
+    p.add_argument("--itl-percentile", type=float, default=95.0)
+    p.add_argument("--e2e-ms", type=float, help="optional end-to-end p95 SLO (ms)")
+    p.add_argument("--policy", type=Path, help="a VLLMTuningPolicy YAML instead of the SLO flags")
+    p.add_argument("--gpu", help="GPU product (H100, H200, A100-80GB, L40S, ...)")
+    p.add_argument("--model", help="model name, when Prometheus' model_name label is not it")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--max-num-batched-tokens", type=int, help="the fleet's current value")
+    p.add_argument("--max-num-seqs", type=int, help="the fleet's current value")
+    p.add_argument("--gpu-memory-utilization", type=float, help="the fleet's current value")
+    p.add_argument("--window", type=parse_duration, default=300.0)
+    p.add_argument("--min-requests", type=int, default=100)
+    p.add_argument("--timeout", type=parse_duration, default=10.0)
+    p.add_argument("--bearer-token-file")
+    p.add_argument("--ca-file")
+    p.add_argument("--rate-scale", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from vllm_autotuner.core.knob_defaults import default_knobs
+    from vllm_autotuner.core.tuning_types import Knobs
+    from vllm_autotuner.recommend import (
+        PrometheusError,
+        RecommendRequest,
+        print_advice,
+        recommend,
+    )
+
+    if args.policy is None and (args.ttft_ms is None or args.itl_ms is None):
+        print("error: give --ttft-ms and --itl-ms, or --policy FILE", file=sys.stderr)
+        return 2
+    labels = {}
+    for item in args.selector:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"error: --selector wants LABEL=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        labels[key] = value
+    current = None
+    given = (args.max_num_batched_tokens, args.max_num_seqs, args.gpu_memory_utilization)
+    if any(v is not None for v in given):
+        base = default_knobs(args.gpu)
+        current = Knobs(
+            args.max_num_batched_tokens or base.max_num_batched_tokens,
+            args.max_num_seqs or base.max_num_seqs,
+            args.gpu_memory_utilization or base.gpu_memory_utilization,
+        )
+    request = RecommendRequest(
+        prometheus_url=args.prometheus,
+        ttft_ms=args.ttft_ms or 0.0,
+        itl_ms=args.itl_ms or 0.0,
+        ttft_percentile=args.ttft_percentile,
+        itl_percentile=args.itl_percentile,
+        e2e_ms=args.e2e_ms,
+        namespace=args.namespace,
+        pod_regex=args.pod_regex,
+        labels=labels or None,
+        gpu=args.gpu,
+        model=args.model,
+        tensor_parallel_size=args.tensor_parallel_size,
+        current=current,
+        window_s=args.window,
+        min_requests=args.min_requests,
+        policy_file=args.policy,
+        timeout_s=args.timeout,
+        bearer_token_file=args.bearer_token_file,
+        ca_file=args.ca_file,
+        rate_scale=args.rate_scale,
+    )
+    try:
+        advice = recommend(request)
+    except PrometheusError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_advice(advice, sys.stdout, as_json=args.json)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-autotuner",
@@ -81,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_crds(sub)
+    _add_recommend(sub)
     return parser
 
 
@@ -149,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":  # kopf configures logging for the operator itself
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
-    handlers = {"run": cmd_run, "crds": cmd_crds}
+    handlers = {"run": cmd_run, "crds": cmd_crds, "recommend": cmd_recommend}
     return handlers[args.command](args)
 
 

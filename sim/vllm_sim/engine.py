@@ -91,7 +91,8 @@ class Engine:
         )
         self.metrics.gauge_provider = self._gauges
         self.fast = fast
-        self._frontend_s = (calibration or CALIBRATION).c_frontend_s
+        # Seconds from arrival until the scheduler can see a request (Calibration.c_frontend_s).
+        self.frontend_delay = (calibration or CALIBRATION).c_frontend_s
         self.record_itl = record_itl
         self.on_step: Callable[[StepStats], None] | None = None
         self.now = 0.0
@@ -134,7 +135,8 @@ class Engine:
             raise ValueError("arrival_time must be finite")
         self._ids.add(req.request_id)
         seq = Seq(req, self.max_model_len, self.resolved.block_size, req.arrival_time)
-        visible = max(req.arrival_time + self._frontend_s, self.now)
+        visible = max(req.arrival_time + self.frontend_delay, self.now)
+        seq.queued_at = visible
         heapq.heappush(self._pending, (visible, self._order, seq))
         self._order += 1
 
@@ -396,7 +398,7 @@ class Engine:
         self.metrics.observe_finished(
             reason=reason,
             e2e=t - seq.arrival,
-            queue=sched_t - seq.arrival,
+            queue=max(0.0, sched_t - seq.queued_at),
             prefill=first_t - sched_t,
             decode=last_t - first_t,
             inference=last_t - sched_t,

@@ -30,6 +30,7 @@ import numpy as np
 
 from vllm_sim.engine import Engine
 from vllm_sim.runs import Measured, Run, Stage, Workload
+from vllm_sim.steptime import Calibration, FloatArray
 from vllm_sim.types import EngineConfig, Request, RequestRecord
 
 
@@ -117,7 +118,7 @@ class SegmentStats:
     preempted_requests: int = 0
 
 
-def _describe(values: np.ndarray, keys: Sequence[str]) -> dict[str, float]:  # type: ignore[type-arg]
+def _describe(values: FloatArray, keys: Sequence[str]) -> dict[str, float]:
     if values.size == 0:
         return {}
     out: dict[str, float] = {}
@@ -180,15 +181,17 @@ def replay(
     client: ClientModel = CLIENT,
     max_stage_s: float | None = None,
     progress: Callable[[float], None] | None = None,
+    calibration: Calibration | None = None,
 ) -> ReplayResult:
     """Drive a fresh engine with the run's traffic, aborting requests the client gave up on.
 
-    `progress` is called with the fraction of the run's virtual time done (for long runs).
+    `progress` is called with the fraction of the run's virtual time done (for long runs);
+    `calibration` replaces the engine's step-time constants (for fitting them).
     """
     t0 = time.perf_counter()
     stages = scaled_stages(run.workload, max_stage_s)
     requests = build_requests(run, seed, stages)
-    engine = Engine(engine_config(run), seed=seed, record_itl=False)
+    engine = Engine(engine_config(run), seed=seed, record_itl=False, calibration=calibration)
     for req in requests:
         engine.add_request(req)
     timeout = run.client_timeout_s

@@ -112,6 +112,7 @@ class Seq:
         "pid",
         "plen",
         "queried",
+        "queued_at",
         "req",
         "rid",
         "runs",
@@ -138,6 +139,7 @@ class Seq:
         self.cached_tokens = 0
         self.num_preemptions = 0
         self.queried = False
+        self.queued_at = arrival  # when the engine core queued it (after the frontend)
         self.last_step = -2
         self.runs: list[int] = []  # [start, end, start, end, ...] of the steps that made tokens
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import shutil
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -130,3 +134,41 @@ def test_an_exception_inside_the_cluster_still_stops_everything(tmp_path: Path) 
     assert not any(map(running, pids))
     assert children() <= before
     assert not workdir.exists()  # a temporary workdir is removed
+
+
+CHILD = """
+import json, sys, threading, time, urllib.request
+from vllm_autotuner.local.cluster import LocalCluster
+cluster = LocalCluster(with_prometheus=False, sim_env={"VLLM_SIM_LOAD_TIME": "0.2"}).start()
+request = urllib.request.Request(
+    cluster.url + "/apis/apps/v1/namespaces/default/deployments",
+    data=sys.argv[1].encode(), method="POST", headers={"Content-Type": "application/json"},
+)
+urllib.request.urlopen(request).read()
+deadline = time.monotonic() + 30
+while not cluster.endpoints("default", "a") and time.monotonic() < deadline:
+    threading.Event().wait(0.05)
+print(json.dumps(sorted(cluster.runner.pids())), flush=True)
+threading.Event().wait(120)
+"""
+
+
+def test_a_killed_cluster_process_takes_its_pods_with_it(tmp_path: Path) -> None:
+    """SIGKILL leaves no time for cleanup; the kernel must stop the pods (setpriv pdeathsig)."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("util-linux setpriv is not installed")
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(deployment("a"))],
+        stdout=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 40)
+        assert ready, "the child cluster did not report its pods"
+        pids = json.loads(child.stdout.readline())
+        assert pids and all(map(running, pids))
+    finally:
+        child.kill()
+        child.wait(10)
+    wait_for(lambda: not any(map(running, pids)), timeout=10, message="orphaned pods gone")

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests.integration.test_operator_deploy import CR, CR_PATH, DEPLOYMENT_PATH, NS, Api, args_of
+from tests.support.cluster_api import CR, CR_PATH, DEPLOYMENT_PATH, NS, POLICY_PATH, Api, args_of
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
-from vllm_autotuner.api.crds import render_crds
 from vllm_autotuner.core.tuning_types import Knobs
 from vllm_autotuner.local.emulator import EmulatorServer
 
-POLICY_PATH = "/apis/vllm.autotuner.io/v1alpha1/vllmtuningpolicies"
 START = Knobs(max_num_batched_tokens=8192, max_num_seqs=256, gpu_memory_utilization=0.92)
 
 
@@ -41,27 +36,6 @@ def fast_policy(**rollout: Any) -> dict[str, Any]:
             },
         },
     }
-
-
-@pytest.fixture
-def emulator() -> Iterator[EmulatorServer]:
-    server = EmulatorServer(host="127.0.0.1", port=0)
-    for crd in render_crds():
-        server.emulator.register_crd(crd)
-    server.start_in_thread()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def api(emulator: EmulatorServer) -> Api:
-    api = Api(emulator.url)
-    api.create(
-        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
-    )
-    return api
 
 
 def knobs_of(deployment: dict[str, Any] | None) -> Knobs | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -21,6 +22,8 @@ import pytest
 from tests.support.kube import KubeHandle, running_emulator
 from tests.support.waiting import wait_for
 from vllm_autotuner.local.pods import PORT_ANNOTATION, PodRunner, RunnerConfig
+from vllm_autotuner.local.runner import container as container_module
+from vllm_autotuner.local.runner import runner as runner_module
 from vllm_autotuner.local.runner.container import (
     gpu_for_node_selector,
     serve_args,
@@ -500,6 +503,26 @@ def test_scaling_and_deleting_a_pod_are_followed(cluster: Cluster) -> None:
         message="status replicas 1",
     )
     assert dep["status"]["availableReplicas"] == 1
+
+
+def test_a_port_taken_by_someone_else_is_replaced(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns = "port"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        ports = iter([busy])
+        monkeypatch.setattr(
+            runner_module, "free_port", lambda: next(ports, None) or container_module.free_port()
+        )
+        cluster.create_deployment(ns, deployment("llm", []))
+        pod = until(lambda: next(iter(ready_pods(cluster, ns)), None), timeout=30, message="a pod")
+    assert int(pod["metadata"]["annotations"][PORT_ANNOTATION]) != busy
+    status = container_status(pod)
+    assert status["restartCount"] >= 1
+    assert "cannot listen" in status["lastState"]["terminated"]["message"]
 
 
 def test_deleting_the_deployment_removes_pods_and_processes(cluster: Cluster) -> None:

@@ -39,25 +39,23 @@ GROUP = "vllm.autotuner.io"
 # Cluster-scoped objects, read in every mode: policies, CRD scanning by kopf, namespaces for
 # policy namespaceSelectors.
 CLUSTER_RULES: frozenset[Rule] = (
-    _rules(GROUP, "vllmtuningpolicies", "get,list,watch")
-    | _rules(GROUP, "vllmtuningpolicies/status", "get,patch")
+    _rules(GROUP, "vllmtuningpolicies", "list,watch")
+    | _rules(GROUP, "vllmtuningpolicies/status", "patch")
     | _rules("apiextensions.k8s.io", "customresourcedefinitions", "list,watch")
-    | _rules("", "namespaces", "get,list,watch")
+    | _rules("", "namespaces", "list,watch")
 )
 
-# Events: kopf posts core/v1 Events, the operator's own reasons go through events.k8s.io.
-EVENT_RULES: frozenset[Rule] = _rules("", "events", "create") | _rules(
-    "events.k8s.io", "events", "create"
-)
+# Events: kopf posts the operator's Events as core/v1 Events.
+EVENT_RULES: frozenset[Rule] = _rules("", "events", "create")
 
 # Namespaced objects: granted cluster-wide or per watched namespace.
 NAMESPACED_RULES: frozenset[Rule] = (
     _rules(GROUP, "vllmdeployments", "get,list,watch,patch")
-    | _rules(GROUP, "vllmdeployments/status", "get,patch")
+    | _rules(GROUP, "vllmdeployments/status", "patch")
     | _rules(GROUP, "vllmdeployments/finalizers", "update")
-    | _rules("apps", "deployments", "get,list,watch,create,patch")
-    | _rules("", "services", "get,list,watch,create,patch")
-    | _rules("", "pods", "get,list,watch")
+    | _rules("apps", "deployments", "list,watch,create,patch")
+    | _rules("", "services", "list,watch,create,patch")
+    | _rules("", "pods", "list,watch")
     | EVENT_RULES
 )
 

@@ -81,30 +81,29 @@ RBAC rules for the namespaced objects the operator reads and writes. Used by the
   verbs: [get, list, watch, patch]
 - apiGroups: [vllm.autotuner.io]
   resources: [vllmdeployments/status]
-  verbs: [get, patch]
+  verbs: [patch]
 # blockOwnerDeletion on children needs this where OwnerReferencesPermissionEnforcement is on
 # (OpenShift; kubernetes/kubernetes#49133).
 - apiGroups: [vllm.autotuner.io]
   resources: [vllmdeployments/finalizers]
   verbs: [update]
+# Children are read through watches; server-side apply needs create (first apply) and patch.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [list, watch, create, patch]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch]
+  verbs: [list, watch, create, patch]
+# Pod health (CrashLoopBackOff, OOMKilled, readiness) judges every trial.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 {{ include "vllm-autotuner.eventRules" . }}
 {{- end }}
 
-{{/* kopf posts core/v1 Events; the operator's own reasons go through events.k8s.io. */}}
+{{/* kopf posts the operator's Events as core/v1 Events. */}}
 {{- define "vllm-autotuner.eventRules" -}}
 - apiGroups: [""]
-  resources: [events]
-  verbs: [create]
-- apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create]
 {{- end }}

@@ -37,6 +37,7 @@ from vllm_autotuner.adapters.promql import (
     build_queries,
     discovery_query_for_targets,
     effective_window,
+    index_outcomes,
     parse_vector,
     resolve_names,
 )
@@ -258,7 +259,11 @@ class PrometheusSource:
         except (OSError, ssl.SSLError, ValueError) as exc:  # e.g. an unreadable CA bundle
             log.warning("cannot query Prometheus at %s: %s", self.url, exc)
             reason = f"cannot query Prometheus at {self.url}: {type(exc).__name__}: {exc}"
-            return {t.key: Snapshot.unavailable(now, t.window_s, reason) for t in targets}
+        except Exception as exc:
+            # A bug here must not stop the reconcile of every deployment: say so and go on.
+            log.exception("Prometheus snapshot cycle failed")
+            reason = f"internal error reading Prometheus: {type(exc).__name__}: {exc}"
+        return {t.key: Snapshot.unavailable(now, t.window_s, reason) for t in targets}
 
     def snapshots_sync(
         self, targets: Sequence[SnapshotTarget], now: datetime | None = None
@@ -433,12 +438,13 @@ class PrometheusSource:
             outcomes.setdefault(window, {})[key] = outcome
 
         for window, ts in groups.items():
+            indexed = index_outcomes(outcomes.get(window, {}), self.namespace_label, self.pod_label)
             for t in ts:
                 snap = assemble(
                     t,
                     now,
                     window,
-                    outcomes.get(window, {}),
+                    indexed,
                     rate_scale=self.rate_scale,
                     namespace_label=self.namespace_label,
                     pod_label=self.pod_label,

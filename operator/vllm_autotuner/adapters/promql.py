@@ -349,25 +349,26 @@ def effective_window(
 ) -> tuple[int, str | None]:
     """(window in whole seconds, None) or (0, why there is no usable window yet).
 
-    Windows are rounded DOWN to `grid_s` so that deployments of similar age share queries
-    and a window never reaches back before `since`.
+    A window clipped by the revision's age is rounded DOWN to `grid_s`, so that deployments of
+    similar age share queries and a window never reaches back before `since`.
     """
     window = float(target.window_s)
-    if target.since is not None:
-        age = (now - target.since).total_seconds()
-        if age < min_window_s:
-            return 0, (
-                f"waiting for data from the new revision: pods ready {max(0.0, age):.0f}s ago, "
-                f"need at least {min_window_s:.0f}s"
-            )
-        window = min(window, age)
     if window < min_window_s:
         return 0, f"window too short: {window:.0f}s < {min_window_s:.0f}s"
-    grid = max(1.0, grid_s)
-    rounded = math.floor(window / grid) * grid
-    if rounded < min_window_s:
-        rounded = math.floor(window)
-    return int(rounded), None
+    if target.since is None:
+        return math.floor(window), None
+    age = (now - target.since).total_seconds()
+    if age < min_window_s:
+        return 0, (
+            f"waiting for data from the new revision: pods ready {max(0.0, age):.0f}s ago, "
+            f"need at least {min_window_s:.0f}s"
+        )
+    if age >= window:
+        return math.floor(window), None
+    # Clipped by the revision's age: every deployment rolled out lately has its own age, so
+    # round down to the grid to let them share queries.
+    rounded = math.floor(age / max(1.0, grid_s)) * max(1.0, grid_s)
+    return int(rounded if rounded >= min_window_s else math.floor(age)), None
 
 
 # ------------------------------------------------------------------------------------ assembly
@@ -416,26 +417,43 @@ def parse_vector(result: Any) -> list[Sample]:
     return out
 
 
+@dataclass(frozen=True)
+class PodIndex:
+    """One signal's samples keyed by (namespace, pod), built once per cycle: assembling
+    thousands of deployments then costs a lookup per pod, not a scan of every answer."""
+
+    by_pod: Mapping[tuple[str, str], Sequence[Sample]]
+
+    @classmethod
+    def build(cls, samples: Iterable[Sample], namespace_label: str, pod_label: str) -> PodIndex:
+        index: dict[tuple[str, str], list[Sample]] = {}
+        for s in samples:
+            pod = s.labels.get(pod_label)
+            if pod is not None:
+                index.setdefault((s.labels.get(namespace_label, ""), pod), []).append(s)
+        return cls(index)
+
+
+def index_outcomes(
+    outcomes: Mapping[str, QueryOutcome], namespace_label: str = "namespace", pod_label: str = "pod"
+) -> dict[str, PodIndex | QueryFailure]:
+    return {
+        key: o if isinstance(o, QueryFailure) else PodIndex.build(o, namespace_label, pod_label)
+        for key, o in outcomes.items()
+    }
+
+
 def _rows_for(
-    samples: Sequence[Sample],
-    target: SnapshotTarget,
-    namespace_label: str,
-    pod_label: str,
-    check_model: bool = True,
+    index: PodIndex, target: SnapshotTarget, check_model: bool = True
 ) -> dict[str, list[Sample]]:
-    pods = set(target.pods)
     out: dict[str, list[Sample]] = {}
-    for s in samples:
-        if s.labels.get(namespace_label) != target.namespace:
-            continue
-        pod = s.labels.get(pod_label)
-        if pod is None or pod not in pods:
-            continue
-        if check_model and target.model_name is not None:
-            model = s.labels.get(MODEL_LABEL, "")
-            if model not in ("", target.model_name):
-                continue
-        out.setdefault(pod, []).append(s)
+    for pod in dict.fromkeys(target.pods):
+        for s in index.by_pod.get((target.namespace, pod), ()):
+            if check_model and target.model_name is not None:
+                model = s.labels.get(MODEL_LABEL, "")
+                if model not in ("", target.model_name):
+                    continue
+            out.setdefault(pod, []).append(s)
     return out
 
 
@@ -579,13 +597,14 @@ def assemble(
     target: SnapshotTarget,
     now: datetime,
     window_s: int,
-    outcomes: Mapping[str, QueryOutcome],
+    outcomes: Mapping[str, QueryOutcome | PodIndex],
     *,
     rate_scale: float = 1.0,
     namespace_label: str = "namespace",
     pod_label: str = "pod",
 ) -> Snapshot:
-    """One target's Snapshot from the cycle's shared query outcomes (signal key -> outcome).
+    """One target's Snapshot from the cycle's shared query outcomes (signal key -> outcome,
+    raw or already indexed with `index_outcomes`).
 
     Never raises for bad data: a missing or failed signal leaves its fields None; only the
     request counter is required, because without it nothing else can be weighed.
@@ -600,7 +619,9 @@ def assemble(
         o = outcomes.get(key)
         if o is None or isinstance(o, QueryFailure):
             return {}
-        return _rows_for(o, target, namespace_label, pod_label, check_model)
+        if not isinstance(o, PodIndex):
+            o = PodIndex.build(o, namespace_label, pod_label)
+        return _rows_for(o, target, check_model)
 
     # A counter reset is handled by increase(); what still comes out negative or beyond any
     # engine's speed is a corrupt series, and that pod counts as missing rather than as data.

@@ -23,7 +23,7 @@ from vllm_autotuner.core.rollout import (
     rollout_blocker,
     rollout_progress,
 )
-from vllm_autotuner.core.search import search
+from vllm_autotuner.core.search import SearchResult, search
 from vllm_autotuner.core.snapshot import Observation, Snapshot
 from vllm_autotuner.core.tuning_types import (
     Action,
@@ -325,20 +325,35 @@ def _steady(
             diagnosis=diag,
             prediction=current,
         )
-    res = search(
-        applied=applied,
-        bounds=policy.bounds,
-        model=model,
-        workload=workload,
-        calibration=cal,
-        diagnosis=diag,
-        infeasible=state.infeasible,
-        stable_gmu=state.stable_gmu(),
-        gmu_rise_step=policy.gmu_rise_step,
-        min_gain_pct=policy.min_gain_pct,
-        slo_violated=diag.violates_slo,
-    )
+
+    def run_search(guide: Diagnosis | None) -> SearchResult:
+        return search(
+            applied=applied,
+            bounds=policy.bounds,
+            model=model,
+            workload=workload,
+            calibration=cal,
+            diagnosis=guide,
+            infeasible=state.infeasible,
+            stable_gmu=state.stable_gmu(),
+            gmu_rise_step=policy.gmu_rise_step,
+            min_gain_pct=policy.min_gain_pct,
+            slo_violated=diag.violates_slo,
+        )
+
+    res = run_search(diag)
     summary = f"{diag.kind}: {diag.evidence}; {res.reason}"
+    if diag.violates_slo and not res.worth_rollout:
+        # The diagnosis is a heuristic; when its directions cannot fix a violation, the
+        # calibrated model may still know a way (e.g. a larger budget that packs prefill into
+        # fewer steps). Safety rules are the same either way.
+        free = run_search(None)
+        if free.worth_rollout:
+            res = free
+            summary = (
+                f"{diag.kind}: {diag.evidence}; the suggested direction does not help, but "
+                f"{free.reason}"
+            )
     if not res.worth_rollout or res.best is None or res.prediction is None:
         return _done(
             replace(s, phase="Observing", recommendation=None),

@@ -301,9 +301,17 @@ class AnalyticModel:
         kv = calibration.kv_tokens_at(knobs.gpu_memory_utilization)
         if kv is not None and kv < workload.prompt_p90 + workload.gen_p90:
             return Prediction(
-                math.inf, math.inf, math.inf, kv, 0.0, False, 0.0, False,
-                f"KV cache of {kv:.0f} tokens cannot hold one long request", math.inf,
-            )  # fmt: skip
+                math.inf,
+                math.inf,
+                math.inf,
+                kv,
+                0.0,
+                False,
+                0.0,
+                False,
+                f"KV cache of {kv:.0f} tokens cannot hold one long request",
+                math.inf,
+            )
         ttft, itl, e2e, st = self._latencies(knobs, workload, calibration)
         meets = self._meets(workload, ttft, itl, e2e) and st.stable
         capacity = self._capacity(knobs, workload, calibration)
@@ -377,8 +385,9 @@ class AnalyticModel:
         # Compute regime: t = fixed + compute*lam*(p_eff+g)*t.
         b2 = compute * lam * (p_eff + g)
         if b1 >= 1.0 or b2 >= 1.0:
-            return _Steady(math.inf, math.inf, math.inf, math.inf, math.inf, math.inf, False,
-                           0.0, 0.0, 1.0)  # fmt: skip
+            return _Steady(
+                math.inf, math.inf, math.inf, math.inf, math.inf, math.inf, False, 0.0, 0.0, 1.0
+            )
         t = max((fixed + weights) / (1.0 - b1), fixed / (1.0 - b2))
         running = lam * g * t
         tokens_per_step = lam * (p_eff + g) * t
@@ -414,8 +423,9 @@ class AnalyticModel:
         frac = min(1.0, lam * t * steps_per_prefill)
         decode_step = fixed + max(weights + kv_read * running * ctx, compute * running)
         prefill_step = fixed + max(weights + kv_read * running * ctx, compute * (running + chunk))
-        return _Steady(t, decode_step, prefill_step, running, util, wait, stable, preempt,
-                       chunk, frac)  # fmt: skip
+        return _Steady(
+            t, decode_step, prefill_step, running, util, wait, stable, preempt, chunk, frac
+        )
 
     def _latencies(
         self,
@@ -608,15 +618,12 @@ class EngineModel:
                 continue
             # Damped (the two interact: slower prefill also lengthens the mean step).
             be = _clip(be * (r.itl_mean_ms / mean_itl) ** 0.7, 0.05, 3.0)
-            # Compute efficiency shows in both the ITL tail (prefill-carrying steps) and the
-            # median TTFT (prefill chunks); fit their geometric mean, as neither alone pins it.
-            ratios = []
+            # Compute efficiency sets how much longer prefill-carrying steps are: the ITL tail
+            # (an SLO metric, so matched first); what remains of TTFT is fitted below.
             if tail_itl is not None and tail_itl > 0:
-                ratios.append(r.itl_ms / tail_itl)
-            if ttft50 is not None and ttft50 > 0:
-                ratios.append(r.ttft_p50_ms / ttft50)
-            if ratios:
-                ce = _clip(ce * math.prod(ratios) ** (0.5 / len(ratios)), 0.05, 3.0)
+                ce = _clip(ce * (r.itl_ms / tail_itl) ** 0.5, 0.05, 3.0)
+            elif ttft50 is not None and ttft50 > 0:
+                ce = _clip(ce * (r.ttft_p50_ms / ttft50) ** 0.5, 0.05, 3.0)
         # What the engine cannot explain of the median TTFT is API-server time, which vLLM
         # spends outside the engine's steps (Reality's overhead would lengthen steps instead,
         # so it is only used for what is small enough to be step CPU time).
@@ -646,12 +653,28 @@ class EngineModel:
         if r is not None:
             r = replace(r, ttft_ms=r.ttft_ms + api_ms, e2e_ms=r.e2e_ms + api_ms)
         if r is None:
-            return Prediction(math.inf, math.inf, math.inf, 0.0, 0.0, False, 0.0, False,
-                              "cannot start: KV cache does not fit", math.inf)  # fmt: skip
+            return Prediction(
+                math.inf,
+                math.inf,
+                math.inf,
+                0.0,
+                0.0,
+                False,
+                0.0,
+                False,
+                "cannot start: KV cache does not fit",
+                math.inf,
+            )
         meets = r.stable and self.analytic._meets(
             workload, r.ttft_ms / 1000, r.itl_ms / 1000, r.e2e_ms / 1000
         )
-        capacity = self._capacity(knobs, workload, be, ce, ov, meets, api_ms)
+        if meets:
+            capacity = self._capacity(knobs, workload, be, ce, ov, meets, api_ms)
+        else:
+            # Below the current rate; a rough figure (rate over the SLO overshoot) is enough for
+            # the reason text, and saves a bisection nobody ranks by.
+            ratio = slo_ratio(workload.slo, r.ttft_ms, r.itl_ms, r.e2e_ms) / workload.safety_margin
+            capacity = workload.request_rate / max(1.0, ratio) if r.stable else 0.0
         return Prediction(
             ttft_ms=r.ttft_ms,
             itl_ms=r.itl_ms,
@@ -727,9 +750,21 @@ class EngineModel:
         n = n or self.num_requests
         ctx = self.ctx
         assert ctx is not None
-        key = (knobs, w.request_rate, w.prompt_mean, w.prompt_p90, w.gen_mean, w.gen_p90,
-               w.prefix_hit_rate, tuple(w.slo.targets()), round(be, 6), round(ce, 6),
-               round(ov, 6), ctx, n)  # fmt: skip
+        key = (
+            knobs,
+            w.request_rate,
+            w.prompt_mean,
+            w.prompt_p90,
+            w.gen_mean,
+            w.gen_p90,
+            w.prefix_hit_rate,
+            tuple(w.slo.targets()),
+            round(be, 6),
+            round(ce, 6),
+            round(ov, 6),
+            ctx,
+            n,
+        )
         if key in self._cache:
             return self._cache[key]
         result = self._run(knobs, w, be, ce, ov, ctx, n)
@@ -770,10 +805,12 @@ class EngineModel:
             return None
         limit = engine.max_model_len
         high_p = max(2, limit - 2)
-        prompt = LengthDist("lognormal", w.prompt_mean,
-                            _lognormal_sigma(w.prompt_mean, w.prompt_p90), 1, high_p)  # fmt: skip
-        output = LengthDist("lognormal", w.gen_mean, _lognormal_sigma(w.gen_mean, w.gen_p90), 1,
-                            max(1, limit // 2))  # fmt: skip
+        prompt = LengthDist(
+            "lognormal", w.prompt_mean, _lognormal_sigma(w.prompt_mean, w.prompt_p90), 1, high_p
+        )
+        output = LengthDist(
+            "lognormal", w.gen_mean, _lognormal_sigma(w.gen_mean, w.gen_p90), 1, max(1, limit // 2)
+        )
         rate = max(w.request_rate, 1e-3)
         spec = WorkloadSpec(
             prompt=prompt,

@@ -246,11 +246,24 @@ def search(
     current = model.predict(applied, workload, calibration)
     if screened:
         # The slow model judges only the screen's best few (and the current knobs).
-        finalists = sorted(
-            (sc, k) for k, (sc, p) in cache.items() if p is not None and math.isfinite(sc)
-        )[:refine_top]
+        finalists = [
+            k
+            for _, k in sorted(
+                (sc, k) for k, (sc, p) in cache.items() if p is not None and math.isfinite(sc)
+            )[:refine_top]
+        ]
+        # Probes: the largest single-knob moves, so the slow model can overrule the screen
+        # where their physics disagree.
+        for axis in range(3):
+            for end in (axes[axis][0], axes[axis][-1]):
+                probe = [applied.max_num_batched_tokens, applied.max_num_seqs,
+                         applied.gpu_memory_utilization]  # fmt: skip
+                probe[axis] = end
+                pk = (int(probe[0]), int(probe[1]), float(probe[2]))
+                if pk not in finalists and pk in cache and cache[pk][1] is not None:
+                    finalists.append(pk)
         best_score, best_pred = math.inf, None
-        for _, key in finalists:
+        for key in finalists:
             k = Knobs(*key)
             p = model.predict(k, workload, calibration)
             sc = score_of(k, p)
@@ -259,11 +272,15 @@ def search(
     evaluated = sum(1 for _, p in cache.values() if p is not None)
     if not math.isfinite(best_score) or best_pred is None:
         return SearchResult(
-            None, None, current, 0.0, False,
+            None,
+            None,
+            current,
+            0.0,
+            False,
             f"no candidate within bounds and steps is predicted to meet the SLO with "
             f"{(1 - workload.safety_margin):.0%} margin ({evaluated} evaluated)",
             evaluated,
-        )  # fmt: skip
+        )
     base = current.capacity_rps
     gain = (
         (best_pred.capacity_rps - base) / base * 100.0
@@ -276,14 +293,24 @@ def search(
     )
     if best.same_as(applied):
         return SearchResult(
-            None, best_pred, current, 0.0, False,
-            f"current knobs are the best of {evaluated} evaluated ({numbers})", evaluated,
-        )  # fmt: skip
+            None,
+            best_pred,
+            current,
+            0.0,
+            False,
+            f"current knobs are the best of {evaluated} evaluated ({numbers})",
+            evaluated,
+        )
     if slo_violated and best_pred.feasible:
         return SearchResult(
-            best, best_pred, current, gain, True,
-            f"{best.describe()} is predicted to fix the SLO violation: {numbers}", evaluated,
-        )  # fmt: skip
+            best,
+            best_pred,
+            current,
+            gain,
+            True,
+            f"{best.describe()} is predicted to fix the SLO violation: {numbers}",
+            evaluated,
+        )
     if not best_pred.feasible:
         improvement = (
             (current.slo_ratio - best_pred.slo_ratio) / current.slo_ratio * 100.0
@@ -304,11 +331,15 @@ def search(
             best, best_pred, current, gain, True, f"{best.describe()}: {numbers}", evaluated
         )
     return SearchResult(
-        best, best_pred, current, gain, False,
+        best,
+        best_pred,
+        current,
+        gain,
+        False,
         f"best candidate {best.describe()} gains {_pct(gain)}, below the {min_gain_pct:g}% "
         f"worth a rollout ({numbers})",
         evaluated,
-    )  # fmt: skip
+    )
 
 
 def _pct(gain: float) -> str:

@@ -614,3 +614,26 @@ async def test_targets_without_pods_or_window_need_no_query() -> None:
 def test_metric_names_truthiness() -> None:
     assert not MetricNames()
     assert MetricNames({"requests": ("x",)})
+
+
+class _Scope:
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    async def __aenter__(self) -> Any:
+        return self.transport
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def test_snapshots_never_raises_even_on_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Broken(FakeTransport):
+        async def query(self, expr: str, at: float) -> Any:
+            raise RuntimeError("boom")
+
+    src = PrometheusSource("http://prom")
+    monkeypatch.setattr(src, "_session", lambda: _Scope(Broken(_all_colon_series())))
+    out = await src.snapshots(_fleet(2), NOW)
+    assert len(out) == 2
+    assert all(not s.available and "RuntimeError: boom" in s.reason for s in out.values())

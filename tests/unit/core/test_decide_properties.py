@@ -38,8 +38,16 @@ from vllm_autotuner.core.tuning_types import (
 )
 
 KINDS: list[InfeasibleKind] = ["OOMKilled", "Crashed", "NotReady", "Regression"]
-PHASES: list[Phase] = ["Idle", "Observing", "Candidate", "RollingOut", "Verifying", "Committed",
-          "RolledBack", "Holding"]  # fmt: skip
+PHASES: list[Phase] = [
+    "Idle",
+    "Observing",
+    "Candidate",
+    "RollingOut",
+    "Verifying",
+    "Committed",
+    "RolledBack",
+    "Holding",
+]
 
 
 @st.composite
@@ -158,7 +166,7 @@ def scenario(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @settings(
-    max_examples=300,
+    max_examples=2000,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -220,8 +228,9 @@ def test_cooldown_and_budget_over_a_sequence_of_reconciles(max_per_day: int, gap
     """Drive decide() through many reconciles of one day; count the rollouts it starts."""
     from tests.unit.core.test_decide import KNOBS, ready_pods, violating_snapshot
 
-    rules = RolloutRules(min_interval_s=gap_s, max_per_day=max_per_day, verify_window_s=0,
-                         ready_timeout_s=60)  # fmt: skip
+    rules = RolloutRules(
+        min_interval_s=gap_s, max_per_day=max_per_day, verify_window_s=0, ready_timeout_s=60
+    )
     policy = make_policy("Auto", rollout=rules, min_gain_pct=0.0)
     state = TuningState.initial(KNOBS)
     starts: list[datetime] = []

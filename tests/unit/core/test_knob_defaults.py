@@ -53,9 +53,17 @@ def test_throughput_mode_doubles_both() -> None:
 
 @pytest.mark.parametrize(
     ("product", "gib"),
-    [("H100", 80), ("H200", 141), ("NVIDIA-A100-SXM4-40GB", 40), ("A100-80GB", 80),
-     ("L40S", 48), ("B200", 180), ("nvidia-l4", 24), ("Unknown-Thing", None)],
-)  # fmt: skip
+    [
+        ("H100", 80),
+        ("H200", 141),
+        ("NVIDIA-A100-SXM4-40GB", 40),
+        ("A100-80GB", 80),
+        ("L40S", 48),
+        ("B200", 180),
+        ("nvidia-l4", 24),
+        ("Unknown-Thing", None),
+    ],
+)
 def test_gpu_memory_table(product: str, gib: float | None) -> None:
     assert gpu_memory_gib(product) == gib
 

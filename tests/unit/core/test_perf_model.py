@@ -79,8 +79,13 @@ def test_a_kv_cache_too_small_for_one_request_is_infeasible() -> None:
     model, w, cal = calibrated()
     gib = 2**30
     # 42 GiB of weights and activations on an 80 GiB GPU: at 0.5 nothing is left for KV.
-    cal = replace(cal, kv_bytes_per_token=131072, gpu_memory_bytes=80 * gib,
-                  observed_kv_tokens=30 * gib / 131072, observed_gmu=0.9)  # fmt: skip
+    cal = replace(
+        cal,
+        kv_bytes_per_token=131072,
+        gpu_memory_bytes=80 * gib,
+        observed_kv_tokens=30 * gib / 131072,
+        observed_gmu=0.9,
+    )
     p = model.predict(replace(KNOBS, gpu_memory_utilization=0.5), w, cal)
     assert not p.feasible and p.capacity_rps == 0.0 and math.isinf(p.slo_ratio)
 

@@ -37,10 +37,18 @@ def state(**kw: object) -> TuningState:
     ("st", "rules", "now", "blocked_by"),
     [
         (state(), RolloutRules(), NOW, None),
-        (state(last_rollout_at=NOW - timedelta(minutes=10)), RolloutRules(min_interval_s=1800),
-         NOW, "cooldown"),
-        (state(last_rollout_at=NOW - timedelta(minutes=31)), RolloutRules(min_interval_s=1800),
-         NOW, None),
+        (
+            state(last_rollout_at=NOW - timedelta(minutes=10)),
+            RolloutRules(min_interval_s=1800),
+            NOW,
+            "cooldown",
+        ),
+        (
+            state(last_rollout_at=NOW - timedelta(minutes=31)),
+            RolloutRules(min_interval_s=1800),
+            NOW,
+            None,
+        ),
         (state(rollouts_today=4), RolloutRules(max_per_day=4), NOW, "daily budget"),
         (state(rollouts_today=3), RolloutRules(max_per_day=4), NOW, None),
         (state(), RolloutRules(max_per_day=0), NOW, "daily budget"),
@@ -48,15 +56,27 @@ def state(**kw: object) -> TuningState:
         (state(), RolloutRules(maintenance_windows=(NIGHTS,)), NOW.replace(hour=23), None),
         # 05:00 on Thursday is still Wednesday night's window; Saturday 05:00 is Friday's.
         (state(), RolloutRules(maintenance_windows=(NIGHTS,)), NOW + timedelta(hours=17), None),
-        (state(), RolloutRules(maintenance_windows=(NIGHTS,)),
-         datetime(2026, 12, 6, 5, 0, tzinfo=UTC), "maintenance window"),  # Sunday
+        (
+            state(),
+            RolloutRules(maintenance_windows=(NIGHTS,)),
+            datetime(2026, 12, 6, 5, 0, tzinfo=UTC),
+            "maintenance window",
+        ),  # Sunday
         # 11:45 UTC is 12:45 in Berlin (CET, UTC+1).
-        (state(), RolloutRules(maintenance_windows=(LUNCH_BERLIN,)),
-         NOW - timedelta(minutes=15), None),
-        (state(), RolloutRules(maintenance_windows=(LUNCH_BERLIN,)), NOW + timedelta(minutes=45),
-         "maintenance window"),
+        (
+            state(),
+            RolloutRules(maintenance_windows=(LUNCH_BERLIN,)),
+            NOW - timedelta(minutes=15),
+            None,
+        ),
+        (
+            state(),
+            RolloutRules(maintenance_windows=(LUNCH_BERLIN,)),
+            NOW + timedelta(minutes=45),
+            "maintenance window",
+        ),
     ],
-)  # fmt: skip
+)
 def test_rollout_blocker(
     st: TuningState, rules: RolloutRules, now: datetime, blocked_by: str | None
 ) -> None:
@@ -135,8 +155,9 @@ BASE = Measured(request_rate=4.0, ttft_ms=400.0, itl_ms=30.0)
         ({"itl_p95": 90.0}, Measured(4.0, 400.0, 60.0), None, False),
     ],
 )
-def test_judge(snap_kw: dict[str, float], baseline: Measured | None, prev_ok: bool | None,
-               keep: bool) -> None:  # fmt: skip
+def test_judge(
+    snap_kw: dict[str, float], baseline: Measured | None, prev_ok: bool | None, keep: bool
+) -> None:
     v = judge(make_snapshot(**snap_kw), SLO_DEFAULT, baseline, prev_ok)  # type: ignore[arg-type]
     assert v.keep is keep, v.reason
     assert any(ch.isdigit() for ch in v.reason)

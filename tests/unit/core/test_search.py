@@ -63,8 +63,16 @@ def test_prefill_bound_raises_the_token_budget() -> None:
 
 def test_concurrency_bound_raises_max_num_seqs() -> None:
     knobs = Knobs(8192, 32, 0.92)
-    snap = make_snapshot(knobs, rate=6.0, running_max=32.0, waiting_mean=20.0, ttft_p95=5000.0,
-                         itl_p95=20.0, itl_mean=12.0, prompt=(300.0, 600.0))  # fmt: skip
+    snap = make_snapshot(
+        knobs,
+        rate=6.0,
+        running_max=32.0,
+        waiting_mean=20.0,
+        ttft_p95=5000.0,
+        itl_p95=20.0,
+        itl_mean=12.0,
+        prompt=(300.0, 600.0),
+    )
     r = run_search(snap, knobs)
     assert r.best is not None, r.reason
     assert r.best.max_num_seqs > knobs.max_num_seqs

@@ -24,9 +24,10 @@ CFG = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=4096)
 def test_a_lone_request_prefills_in_one_step_then_decodes_one_token_per_step() -> None:
     eng = Engine(CFG)
     [rec] = eng.run([Request("a", 1000, 20, 0.5)])
-    assert rec.first_scheduled_time == 0.5 and rec.queue_time == 0.0
+    # the API server hands it to the engine core after the frontend delay
+    assert rec.first_scheduled_time == pytest.approx(0.5 + eng.frontend_delay)
     prefill = eng.steptime.step_time(1000, 1, 0, 1000 * 1001 / 2)
-    assert rec.ttft == pytest.approx(prefill)
+    assert rec.ttft == pytest.approx(eng.frontend_delay + prefill)
     assert rec.output_len == 20 and len(rec.itl) == 19
     expected = [eng.steptime.step_time(1, 1, 1000 + i, 1001 + i) for i in range(19)]
     np.testing.assert_allclose(rec.itl, expected, rtol=1e-9)
@@ -45,12 +46,13 @@ def test_run_until_runs_steps_that_start_before_t() -> None:
     eng.add_request(Request("a", 100, 50, 1.0))
     eng.run_until(0.5)
     assert eng.now == 0.5 and eng.has_unfinished()
-    assert eng.next_event_time() == 1.0  # idle: the next thing that happens is the arrival
-    eng.run_until(1.0)  # the step at 1.0 does not start before 1.0
-    assert eng.now == 1.0
+    seen = 1.0 + eng.frontend_delay
+    assert eng.next_event_time() == seen  # idle: the next thing is the request reaching the core
+    eng.run_until(seen)  # the step at `seen` does not start before `seen`
+    assert eng.now == seen
     end = eng.next_event_time()
-    assert end == pytest.approx(1.0 + eng.steptime.step_time(100, 1, 0, 100 * 101 / 2))
-    eng.run_until(1.0 + 1e-9)
+    assert end == pytest.approx(seen + eng.steptime.step_time(100, 1, 0, 100 * 101 / 2))
+    eng.run_until(seen + 1e-9)
     assert eng.now == end  # the step that started ran to its end
     events: list[TokenEvent] = []
     eng.run_until(100.0, on_tokens=events.extend)
@@ -66,12 +68,12 @@ def test_run_until_runs_steps_that_start_before_t() -> None:
 def test_a_late_arrival_is_seen_by_the_next_step_and_keeps_its_arrival_time() -> None:
     eng = Engine(CFG)
     eng.add_request(Request("a", 2000, 5, 0.0))
-    eng.run_until(1e-6)  # runs the first step past its start
-    assert eng.now > 0.01
+    eng.run_until(eng.frontend_delay + 1e-6)  # runs the first step past its start
+    assert eng.now > eng.frontend_delay + 0.01
     eng.add_request(Request("b", 10, 2, 0.001))
     eng.run_until(10.0)
     recs = {r.request_id: r for r in eng.pop_finished()}
-    assert recs["b"].first_scheduled_time == pytest.approx(recs["a"].first_token_time)
+    assert recs["b"].first_scheduled_time == pytest.approx(recs["a"].first_token_time)  # next step
     assert recs["b"].queue_time == pytest.approx(recs["b"].first_scheduled_time - 0.001)  # type: ignore[operator]
 
 

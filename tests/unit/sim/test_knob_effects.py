@@ -40,11 +40,11 @@ def run(cfg: EngineConfig, reqs: list[Request]) -> tuple[Engine, list[RequestRec
 
 def test_smaller_token_budget_trades_ttft_for_itl() -> None:
     # Busy enough that ~100 requests decode at once: their tokens come out of the same budget.
-    reqs = mixed_workload(rate=20.0)
+    reqs = mixed_workload(rate=30.0)
     _, big = run(dataclasses.replace(BASE, max_num_batched_tokens=8192), reqs)
     _, small = run(dataclasses.replace(BASE, max_num_batched_tokens=512), reqs)
     assert p99_itl(small) < 0.5 * p99_itl(big)
-    assert mean_ttft(small) > 1.5 * mean_ttft(big)
+    assert mean_ttft(small) > 1.3 * mean_ttft(big)
 
 
 def test_too_few_seqs_queue_requests() -> None:

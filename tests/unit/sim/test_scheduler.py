@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_sim.engine import Engine, StepStats
+from vllm_sim.steptime import Calibration
 from vllm_sim.types import EngineConfig, Request, RequestRecord
 
 MML = 512
@@ -63,7 +64,8 @@ def make_engine(case: Case, fast: bool = True, seed: int = 0) -> Engine:
         enable_prefix_caching=case.caching,
         block_size=BS,
     )
-    return Engine(cfg, seed=seed, fast=fast)
+    # No frontend delay: these tests look at the scheduler alone.
+    return Engine(cfg, seed=seed, fast=fast, calibration=Calibration(c_frontend_s=0.0))
 
 
 def run_checked(case: Case, fast: bool) -> tuple[list[RequestRecord], list[StepStats]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -178,6 +179,14 @@ class Process:
             self.popen.wait(timeout=5)
 
 
+def _orphan_guard() -> list[str]:
+    """`setpriv --pdeathsig KILL` (util-linux) makes the kernel kill a pod's process when the
+    thread that started it dies, so even a SIGKILLed runner leaves no simulator behind. The
+    signal survives exec; without setpriv, stop() and the atexit hook are the only guards."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+
+
 def spawn(
     launcher: Sequence[str],
     serve: Sequence[str],
@@ -187,7 +196,7 @@ def spawn(
 ) -> Process:
     """Start `launcher + serve args` on 127.0.0.1:port in its own session, output to the log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [*launcher, *with_local_address(serve, port)]
+    argv = [*_orphan_guard(), *launcher, *with_local_address(serve, port)]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     with log_path.open("ab") as log:
         offset = log.tell()

@@ -70,6 +70,8 @@ DEPLOYMENTS = "/apis/apps/v1/deployments"
 BACKOFF_INITIAL_S = 10.0
 BACKOFF_MAX_S = 300.0
 BACKOFF_RESET_S = 600.0
+# What vllm-sim and vLLM (uvicorn's OSError) print when the port is already in use.
+PORT_TAKEN_MARKERS = ("cannot listen on port", "Address already in use")
 
 TargetGroups = list[dict[str, Any]]
 
@@ -157,6 +159,7 @@ class Container:
     process: Process | None = None
     error: tuple[str, str] | None = None  # (waiting reason, message): it cannot be started
     backoff_s: float = 0.0
+    published_port: int | None = None  # the port in the pod's annotation
     restart_count: int = 0
     failures: int = 0  # consecutive crashes, for the back-off
     restart_at: float | None = None  # monotonic time of the next start while backing off
@@ -635,12 +638,14 @@ class PodRunner:
             if container is None:
                 container = self._admit(pod, replicasets)
                 self._containers[uid] = container
+            self._drive(container)
+            if container.published_port != container.port:
                 with contextlib.suppress(NotFound):
                     await client.merge_patch(
                         _pod_path(container.namespace, container.pod),
                         {"metadata": {"annotations": {PORT_ANNOTATION: str(container.port)}}},
                     )
-            self._drive(container)
+                container.published_port = container.port
             active.append((pod, container))
         for uid in [u for u in self._containers if u not in seen]:
             await self._stop_process(self._containers.pop(uid))
@@ -735,6 +740,9 @@ class PodRunner:
                 delay = min(BACKOFF_INITIAL_S * 2 ** (container.failures - 1), BACKOFF_MAX_S)
             container.failures += 1
             container.backoff_s = delay
+            if any(marker in tail for marker in PORT_TAKEN_MARKERS):
+                # Another process took the free port between probing and binding: pick again.
+                container.port = free_port()
             container.restart_at = now + delay / self.config.backoff_scale
             container.ready = container.started = False
             log.info("%s/%s exited with %d (%s)", container.namespace, container.pod, code,

@@ -1,0 +1,67 @@
+"""The chart's RBAC is exactly what the operator uses against the API emulator.
+
+The operator runs a full scenario (policy, deploy, tune with a rollout and a commit, a child
+deleted by hand, the CR deleted) and every request it made is read back from the emulator's
+request log. A permission it used that the chart lacks fails the test, and so does one the
+chart grants that nothing used (except the few listed below, with the reason).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from tests.integration.test_operator_tuning import fast_policy, tuning
+from tests.support.cluster_api import CR, CR_PATH, DEPLOYMENT_PATH, NS, POLICY_PATH, Api
+from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
+from tests.support.helm import Rule, chart_rbac_rules
+from tests.support.operator_runner import running_operator
+from tests.support.waiting import wait_for
+from vllm_autotuner.local.emulator import EmulatorServer
+
+# Granted but not exercised by the emulator, each for a reason the emulator cannot show.
+NOT_EXERCISED: dict[Rule, str] = {
+    ("vllm.autotuner.io", "vllmdeployments/finalizers", "update"): (
+        "needed for blockOwnerDeletion only where OwnerReferencesPermissionEnforcement runs"
+    ),
+}
+
+OPERATOR_AGENTS = ("vllm-autotuner/", "kopf/")
+
+
+def used_rules(emulator: EmulatorServer) -> set[Rule]:
+    used: set[Rule] = set()
+    for r in emulator.emulator.requests:
+        if r.resource is None or not (r.user_agent or "").startswith(OPERATOR_AGENTS):
+            continue
+        resource = r.resource + (f"/{r.subresource}" if r.subresource else "")
+        used.add((r.group or "", resource, r.verb))
+        if r.verb == "patch" and "apply-patch" in (r.content_type or "") and r.status_code == 201:
+            used.add((r.group or "", resource, "create"))  # an apply that creates needs create
+    return used
+
+
+def test_chart_rbac_equals_what_the_operator_uses(emulator: EmulatorServer, api: Api) -> None:
+    api.create(POLICY_PATH, fast_policy())
+    cr = copy.deepcopy(CR)
+    cr["spec"]["tuning"] = {"mode": "Auto"}
+    api.create(CR_PATH, cr)
+    with (
+        FakeKubelet(emulator.url, NS),
+        running_operator(emulator.url, interval_s=0.5, snapshot_source=SyntheticSnapshots()),
+    ):
+        wait_for(
+            lambda: [t for t in tuning(api).get("trials", []) if t["outcome"] == "Committed"],
+            30,
+            message="a committed trial",
+        )
+        api.delete(f"{DEPLOYMENT_PATH}/llama")
+        wait_for(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 20, message="child re-created")
+        api.delete(f"{CR_PATH}/llama")
+        wait_for(lambda: api.get(f"{CR_PATH}/llama") is None, 20, message="CR deleted")
+
+    used = used_rules(emulator)
+    granted = chart_rbac_rules()
+    missing = used - granted
+    unused = granted - used - set(NOT_EXERCISED)
+    assert not missing, f"the operator used permissions the chart does not grant: {sorted(missing)}"
+    assert not unused, f"the chart grants permissions nothing used: {sorted(unused)}"
