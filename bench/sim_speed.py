@@ -20,7 +20,12 @@ from vllm_sim.types import EngineConfig, Request
 
 
 def chat_workload(
-    n: int, rate: float, seed: int = 0, prompt_mean: float = 600, output_mean: float = 250
+    n: int,
+    rate: float,
+    seed: int = 0,
+    prompt_mean: float = 600,
+    output_mean: float = 250,
+    max_prompt: int = 7000,
 ) -> list[Request]:
     """Poisson arrivals; prompt and output lengths log-normal (sigma 0.8) with the given means."""
     rng = np.random.default_rng(seed)
@@ -29,7 +34,7 @@ def chat_workload(
     prompts = rng.lognormal(np.log(prompt_mean) - sigma**2 / 2, sigma, n)
     outputs = rng.lognormal(np.log(output_mean) - sigma**2 / 2, sigma, n)
     return [
-        Request(f"r{i}", int(np.clip(prompts[i], 1, 7000)), int(np.clip(outputs[i], 1, 1000)),
+        Request(f"r{i}", int(np.clip(prompts[i], 1, max_prompt)), int(np.clip(outputs[i], 1, 1000)),
                 float(arrivals[i]))
         for i in range(n)
     ]  # fmt: skip
@@ -52,6 +57,9 @@ CASES = [
          EngineConfig(model="meta-llama/Llama-3.1-70B-Instruct", gpu="H100",
                       tensor_parallel_size=4, max_model_len=8192),
          rate=16.0),
+    Case("Llama-3.1-8B H100 TP1, chat at ~25% of capacity (skip-ahead regime)",
+         EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_model_len=8192),
+         rate=10.0),
     Case("Llama-3.1-8B H200 TP1, 1024 concurrent sequences",
          EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H200", max_model_len=4096,
                       kv_cache_dtype="fp8"),
@@ -60,7 +68,9 @@ CASES = [
 
 
 def run_case(case: Case, n: int, record_itl: bool) -> None:
-    reqs = chat_workload(n, case.rate, prompt_mean=case.prompt_mean, output_mean=case.output_mean)
+    max_prompt = (case.config.max_model_len or 8192) - 1000
+    reqs = chat_workload(n, case.rate, prompt_mean=case.prompt_mean,
+                         output_mean=case.output_mean, max_prompt=max_prompt)  # fmt: skip
     eng = Engine(case.config, record_itl=record_itl)
     for r in reqs:
         eng.add_request(r)

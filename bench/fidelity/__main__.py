@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.fidelity.report import compare, markdown, to_json
+from bench.fidelity.report import compare, fit_client_overhead, markdown, to_json
 from vllm_sim.replay import CLIENT, replay
 from vllm_sim.runs import calibration_runs_path, load_runs
 
@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"cut every stage to {QUICK_STAGE_S:.0f} s at its rate (about 5x faster, noisier)",
+        help=f"cut every stage to {QUICK_STAGE_S:.0f} s at its rate (about 5x faster, noisier);"
+        " overloaded runs keep their length (their meaning is the client timeout)",
     )
     p.add_argument("--only", default="", help="replay only runs whose id contains this text")
     p.add_argument(
@@ -36,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         default=CLIENT.overhead_s * 1e3,
         help="client-side latency added to TTFT and E2E (HTTP, streaming, detokenization)",
     )
+    p.add_argument(
+        "--fit-client-overhead",
+        action="store_true",
+        help="choose the client overhead that minimises the median TTFT error, and use it",
+    )
     args = p.parse_args(argv)
     files = args.runs_files or [calibration_runs_path()]
     runs = [r for f in files for r in load_runs(f) if args.only in r.id]
@@ -43,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no runs selected", file=sys.stderr)
         return 2
     client = replace(CLIENT, overhead_s=args.client_overhead_ms / 1e3)
-    max_stage_s = QUICK_STAGE_S if args.quick else None
-    reports = []
+    results = []
     t_start = time.perf_counter()
     for i, run in enumerate(runs, 1):
         label = f"[{i}/{len(runs)}] {run.id}"
@@ -52,13 +57,18 @@ def main(argv: list[str] | None = None) -> int:
         def progress(frac: float, label: str = label) -> None:
             print(f"\r{label} {frac:4.0%}", end="", file=sys.stderr, flush=True)
 
+        max_stage_s = QUICK_STAGE_S if args.quick and not run.overloaded else None
         result = replay(run, args.seed, client, max_stage_s, progress)
         print(
             f"\r{label} {len(result.records)} requests in {result.wall_s:.1f} s",
             file=sys.stderr,
             flush=True,
         )
-        reports.append(compare(result))
+        results.append(result)
+    if args.fit_client_overhead:
+        client = fit_client_overhead(results)
+        print(f"fitted client overhead: {client.overhead_s * 1e3:.1f} ms", file=sys.stderr)
+    reports = [compare(replace(r, client=client)) for r in results]
     md = markdown(reports, client.overhead_s, args.seed, args.quick)
     print(md)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,10 @@ does the simulation overload too, and how close is its completion-based throughp
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from vllm_sim.replay import ReplayResult, SegmentStats
+from vllm_sim.replay import ClientModel, ReplayResult, SegmentStats
 from vllm_sim.runs import Measured, Run
 
 # (column, metric attribute, statistic) in table order.
@@ -144,6 +144,30 @@ def median_errors(reports: list[RunReport], assumed: bool) -> dict[str, tuple[fl
                     errs.setdefault(col, []).append(abs(cell.error))
     order = ["KV blocks"] + [c for c, _, _ in METRICS]
     return {k: (statistics.median(errs[k]), len(errs[k])) for k in order if k in errs}
+
+
+def fit_client_overhead(
+    results: list[ReplayResult], grid_ms: tuple[float, float, float] = (0.0, 40.0, 0.5)
+) -> ClientModel:
+    """The one overhead, shared by every run, that minimises the median |TTFT error|.
+
+    TTFT is where a constant latency shows most (E2E is seconds long), and a constant is all the
+    client adds; the engine's own frontend cost (`Calibration.c_frontend_s`) sits inside the
+    engine's TTFT already, so only the two together are identified by client-side data.
+    """
+    lo, hi, step = grid_ms
+    best: tuple[float, float] | None = None
+    ms = lo
+    while ms <= hi + 1e-9:
+        client = ClientModel(overhead_s=ms / 1e3)
+        reports = [compare(replace(r, client=client)) for r in results]
+        med = median_errors(reports, assumed=False)
+        score = statistics.fmean(med[k][0] for k in ("TTFT mean", "TTFT p50") if k in med)
+        if best is None or score < best[0]:
+            best = (score, ms)
+        ms += step
+    assert best is not None
+    return ClientModel(overhead_s=best[1] / 1e3)
 
 
 def _pct(e: float | None) -> str:

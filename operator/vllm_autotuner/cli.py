@@ -53,6 +53,12 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=1.0,
         help=argparse.SUPPRESS,  # simulated fleets only: vllm-sim's --sim-time-scale
     )
+    p.add_argument(
+        "--performance-model",
+        choices=["analytic", "engine"],
+        default="analytic",
+        help="the tuner's model: closed-form (fast) or vllm-sim's engine (slower, finer)",
+    )
     p.add_argument("--reconcile-interval", type=parse_duration, default=30.0)
     p.add_argument("--request-timeout", type=parse_duration, default=30.0)
     p.add_argument("--liveness-port", type=int, default=8080, help="serves /healthz; 0 disables")
@@ -220,6 +226,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prometheus_ca_file=args.prometheus_ca_file,
         prometheus_rate_scale=args.prometheus_rate_scale,
         metrics_port=args.metrics_port or None,
+        performance_model=args.performance_model,
         standalone=args.peering is None,
         peering_name=args.peering,
         priority=peering_priority(os.environ.get("POD_NAME")) if args.peering else 0,

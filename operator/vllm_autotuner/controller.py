@@ -88,6 +88,7 @@ class Controller:
         self.observer = observer or Observer(None, clock=clock)
         self.metrics = metrics
         self.model_factory = model_factory or (lambda ctx: AnalyticModel(ctx.gpu_product))
+        self._models: dict[tuple[str, str], tuple[DeploymentContext, PerformanceModel]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
@@ -96,6 +97,7 @@ class Controller:
 
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
+        self._models.pop((namespace, name), None)
         self.observer.forget((namespace, name))
         if self.metrics is not None:
             self.metrics.forget(namespace, name)
@@ -181,7 +183,7 @@ class Controller:
         for note in start.notes:
             if previous_tuning.get("startNote") != note:
                 outcome.events.append(Event("Warning", "KnobsClamped", note))
-        tuned = self._tune(
+        tuned = await self._tune(
             (namespace, name), spec, resolution, policy_spec, start, previous_tuning, pods, now
         )
         knobs = tuned.knobs
@@ -229,7 +231,15 @@ class Controller:
         )
         return outcome
 
-    def _tune(
+    def model_for(self, key: tuple[str, str], ctx: DeploymentContext) -> PerformanceModel:
+        """One model per deployment, kept across reconciles so its caches pay off."""
+        cached = self._models.get(key)
+        if cached is None or cached[0] != ctx:
+            cached = (ctx, self.model_factory(ctx))
+            self._models[key] = cached
+        return cached[1]
+
+    async def _tune(
         self,
         key: tuple[str, str],
         spec: VLLMDeploymentSpec,
@@ -257,9 +267,12 @@ class Controller:
         state = _state_from_status(previous_tuning) or TuningState.initial(start.knobs)
         health = tuple(pod_health(p) for p in pods)
         snapshot = self.observer.latest(key, policy.evaluation_window_s)
-        decision = decide(
-            state, Observation(snapshot, health), policy, ctx, now, self.model_factory(ctx)
-        )
+        model = self.model_for(key, ctx)
+        observation = Observation(snapshot, health)
+        if isinstance(model, AnalyticModel):
+            decision = decide(state, observation, policy, ctx, now, model)
+        else:  # simulation-backed models take CPU seconds: keep the event loop responsive
+            decision = await asyncio.to_thread(decide, state, observation, policy, ctx, now, model)
         new = decision.new_state
         knobs = new.applied
         namespace, name = key

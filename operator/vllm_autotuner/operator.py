@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -30,6 +30,8 @@ from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials, resource_p
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.prometheus import PrometheusSource
 from vllm_autotuner.controller import Controller, Outcome, policy_status_patch
+from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
+from vllm_autotuner.core.tuning_types import DeploymentContext
 from vllm_autotuner.observer import Observer, SnapshotSource
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class OperatorConfig:
     prometheus_ca_file: str | None = None
     prometheus_rate_scale: float = 1.0  # only for simulated fleets (vllm-sim --sim-time-scale)
     metrics_port: int | None = None
+    performance_model: str = "analytic"  # or "engine": vllm-sim's engine, CPU-heavier
     standalone: bool = True
     peering_name: str | None = None
     priority: int = 0  # peering priority; distinct per replica or kopf pauses them all
@@ -70,6 +73,12 @@ def _first(index: Any, key: Any) -> Any:
     for value in values:
         return value
     return None
+
+
+def model_factory(config: OperatorConfig) -> Callable[[DeploymentContext], PerformanceModel]:
+    if config.performance_model == "engine":
+        return lambda _ctx: EngineModel()
+    return lambda ctx: AnalyticModel(ctx.gpu_product)
 
 
 def _all(index: Any, key: Any) -> list[Any]:
@@ -98,7 +107,9 @@ def build_registry(
     )
     observer = Observer(source, max_age_s=max(300.0, 5 * config.reconcile_interval_s))
     metrics = OperatorMetrics()
-    controller = Controller(kube, observer=observer, metrics=metrics)
+    controller = Controller(
+        kube, observer=observer, metrics=metrics, model_factory=model_factory(config)
+    )
     stop_observing = asyncio.Event()
     background: list[asyncio.Task[None]] = []
 

@@ -81,6 +81,7 @@ class Engine:
             compute_efficiency=self.reality.compute_efficiency,
         )
         self.sched = Scheduler(self.resolved, self.kv.num_gpu_blocks, record_itl)
+        self.sched.pure_decode_path = fast
         assert self.resolved.max_model_len is not None
         self.max_model_len: int = self.resolved.max_model_len
         self.metrics = VllmMetrics(
@@ -101,6 +102,7 @@ class Engine:
         self._ids: set[str] = set()
         self._finished: list[RequestRecord] = []
         self._inflight: tuple[Batch, float, float] | None = None
+        self._deferred_aborts: list[str] = []
         rng = np.random.default_rng(seed)
         self._jitter_rng = np.random.default_rng(rng.integers(2**63))
         self._jitter_buf: FloatArray = np.zeros(0)
@@ -141,6 +143,11 @@ class Engine:
         self._order += 1
 
     def abort_request(self, request_id: str) -> None:
+        """Abort a request; one inside the step already scheduled leaves when that step ends
+        (as in vLLM, where an abort takes effect at the next schedule)."""
+        if self._inflight is not None:
+            self._deferred_aborts.append(request_id)
+            return
         seq = self.sched.abort(request_id)
         if seq is None:
             for i, (_, _, p) in enumerate(self._pending):
@@ -160,18 +167,28 @@ class Engine:
         return out
 
     def next_event_time(self) -> float | None:
-        """End of the next step (scheduling it now if work is ready), else the next arrival."""
-        self._check_crash(self.now)
+        """End of the next step (scheduling it now if work is ready), else the next arrival.
+
+        With a run-time OOM pending it is never later than the crash, so that a caller that
+        sleeps until then calls run_until and sees EngineCrashed; it never raises itself.
+        """
+        crash = self._crash_at
+        if self._crashed or (crash is not None and self.now >= crash):
+            return self.now
+        nxt: float | None = None
         if self._inflight is not None:
-            return self._inflight[2]
-        self._release_arrivals()
-        if self.sched.running or self.sched.waiting:
-            self._begin_step()
-            assert self._inflight is not None
-            return self._inflight[2]
-        if self._pending:
-            return max(self.now, self._pending[0][0])
-        return None
+            nxt = self._inflight[2]
+        else:
+            self._release_arrivals()
+            if self.sched.running or self.sched.waiting:
+                self._begin_step()
+                assert self._inflight is not None
+                nxt = self._inflight[2]
+            elif self._pending:
+                nxt = max(self.now, self._pending[0][0])
+        if crash is not None:
+            return crash if nxt is None else min(nxt, crash)
+        return nxt
 
     def run_until(
         self, t: float, on_tokens: Callable[[list[TokenEvent]], None] | None = None
@@ -304,6 +321,11 @@ class Engine:
             on_tokens(events)
         if self.on_step is not None:
             self.on_step(self._stats(self.sched.step_index - 1, t0, t_end, b, False))
+        if self._deferred_aborts:
+            aborts, self._deferred_aborts = self._deferred_aborts, []
+            for rid in aborts:
+                if rid not in finished_ids:
+                    self.abort_request(rid)
 
     def _stats(self, index: int, t0: float, t1: float, b: Batch | None, skipped: bool) -> StepStats:
         pool = self.sched.pool

@@ -6,9 +6,12 @@ client did rather than what would be convenient:
 - Arrivals are Poisson (the measured inter-arrival CV is ~1.0) with exactly the stage's request
   count: a Poisson process conditioned on its count is uniform order statistics, so each stage
   gets `requests` uniform arrival times in its window. Stages run back to back with no drain.
-- Every prompt is the group's system prompt (shared: `prefix_id`/`prefix_len`, which prefix
-  caching can reuse) plus a unique question; its length is the measured mean prompt length.
-  Groups are drawn uniformly per request. Outputs are exactly `output_tokens` long (ignore_eos).
+- Every prompt is its group's system prompt plus a question; its length is the measured mean
+  prompt length. Each request draws one of the groups x prompts_per_group prompts uniformly.
+  With `repeat_prompts` (inference-perf's shared_prefix data: a fixed set of prompts, reused)
+  the whole prompt repeats and prefix caching can hit all of it but the last token; without it
+  only the system prompt is shared (`prefix_id`/`prefix_len`) and the question is unique.
+  Outputs are exactly `output_tokens` long (ignore_eos).
 - A request the client gave up on (`client_timeout_s`) is aborted in the engine at that moment,
   as vLLM does when the HTTP connection closes; it frees its slot and KV blocks and counts as a
   failure, which is what makes the completion-based throughput of an overloaded run comparable.
@@ -89,16 +92,23 @@ def build_requests(run: Run, seed: int = 0, stages: Sequence[Stage] | None = Non
     shared = wl.system_prompt_tokens > 0
     for si, stage in enumerate(stages):
         times = start + np.sort(rng.uniform(0.0, stage.duration, size=stage.requests))
-        groups = rng.integers(0, wl.groups, size=stage.requests)
-        for i, (t, g) in enumerate(zip(times.tolist(), groups.tolist(), strict=True)):
+        prompts = rng.integers(0, wl.distinct_prompts, size=stage.requests)
+        for i, (t, p) in enumerate(zip(times.tolist(), prompts.tolist(), strict=True)):
+            prefix_id: str | None = None
+            prefix_len = 0
+            if wl.repeat_prompts:  # the whole prompt is one of a fixed set
+                prefix_id, prefix_len = f"{wl.name}/prompt-{p}", wl.prompt_tokens
+            elif shared:  # only the group's system prompt is common
+                prefix_id = f"{wl.name}/system-{p // wl.prompts_per_group}"
+                prefix_len = wl.system_prompt_tokens
             out.append(
                 Request(
                     request_id=f"s{si}-{i}",
                     prompt_len=wl.prompt_tokens,
                     max_tokens=wl.output_tokens,
                     arrival_time=t,
-                    prefix_id=f"{wl.name}/system-{g}" if shared else None,
-                    prefix_len=wl.system_prompt_tokens if shared else 0,
+                    prefix_id=prefix_id,
+                    prefix_len=prefix_len,
                 )
             )
         start += stage.duration

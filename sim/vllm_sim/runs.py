@@ -20,6 +20,8 @@ Format (YAML or JSON; `docs/fidelity.md` has the full reference)::
         output_tokens: 248         # exact (ignore_eos)
         groups: 9                  # distinct system prompts
         prompts_per_group: 5
+        repeat_prompts: false      # true: requests reuse the groups x prompts_per_group fixed
+        #                            prompts (whole prompts repeat; prefix caching hits them)
         arrival: poisson           # only Poisson is supported
         stages:                    # back to back, no drain in between
           - {rate: 8, duration: 600}           # requests = rate x duration unless given
@@ -100,6 +102,11 @@ class Workload:
     stages: tuple[Stage, ...]
     arrival: str = "poisson"
     rates_assumed: bool = False
+    repeat_prompts: bool = False
+
+    @property
+    def distinct_prompts(self) -> int:
+        return self.groups * self.prompts_per_group
 
     @property
     def total_requests(self) -> int:
@@ -300,6 +307,7 @@ def _workload(n: _Node, name: str) -> Workload:
         stages=stages,
         arrival=arrival,
         rates_assumed=n.flag("rates_assumed", False),
+        repeat_prompts=n.flag("repeat_prompts", False),
     )
     n.done()
     return w

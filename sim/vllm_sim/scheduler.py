@@ -166,6 +166,9 @@ class Batch:
     hits: list[int]  # prefix-cache hit tokens of each admitted request
     preempted: list[Seq]
     sched: IntArray = field(default_factory=_empty_i)
+    # > 0: the first n_pure running rows are all plain decodes (one token each) and every
+    # other row was admitted in this step; lets `commit` skip the general bookkeeping.
+    n_pure: int = 0
 
 
 @dataclass
@@ -212,6 +215,8 @@ class Scheduler:
         self.step_index = 0
         self._times = np.zeros(1024, dtype=np.float64)  # end time of every step, by index
         self.total_preemptions = 0
+        # The pure-decode shortcut of schedule/commit; off gives the general path (for tests).
+        self.pure_decode_path = True
 
     # ---- bookkeeping helpers -------------------------------------------------------------
 
@@ -283,28 +288,48 @@ class Scheduler:
         preempted: list[Seq] = []
         all_active = True
         st = self.st
-        if st.shape[1]:
+        n_old = st.shape[1]
+        n_pure = 0
+        ctx = 0
+        pairs = 0.0
+        if n_old:
             comp = st[C]
             want = st[N] - comp
             if thr:
                 np.minimum(want, thr, out=want)
             n_run_tokens = int(np.add.reduce(want))
-            if n_run_tokens <= budget:
+            if n_run_tokens == n_old and n_old <= budget and self.pure_decode_path:
+                # Every running request decodes one token: a block is due where comp % bs == 0.
                 sched = want
+                due = comp % bs == 0
+                need = int(np.count_nonzero(due))
+                if need <= self.pool.num_free():
+                    self.pool.take(need)
+                    st[H] += due
+                    n_pure = n_old
+                    ctx = int(np.add.reduce(comp))
+                    pairs = float(ctx + n_old)
+                else:
+                    sched = self._schedule_running_sequential(want, preempted)
+                    n_run_tokens = int(np.add.reduce(sched))
+                    all_active = False
             else:
-                before = np.cumsum(want) - want
-                sched = np.minimum(want, np.maximum(budget - before, 0))
-                n_run_tokens = int(np.add.reduce(sched))
-                all_active = False
-            new_held = (comp + sched + (bs - 1)) // bs
-            need = int(np.add.reduce(new_held)) - int(np.add.reduce(st[H]))
-            if need <= self.pool.num_free():
-                self.pool.take(need)
-                st[H] = new_held
-            else:
-                sched = self._schedule_running_sequential(want, preempted)
-                n_run_tokens = int(np.add.reduce(sched))
-                all_active = False
+                if n_run_tokens <= budget:
+                    sched = want
+                else:
+                    before = np.cumsum(want) - want
+                    sched = np.minimum(want, np.maximum(budget - before, 0))
+                    n_run_tokens = int(np.add.reduce(sched))
+                    all_active = False
+                new_held = (comp + sched + (bs - 1)) // bs
+                need = int(np.add.reduce(new_held)) - int(np.add.reduce(st[H]))
+                if need <= self.pool.num_free():
+                    self.pool.take(need)
+                    st[H] = new_held
+                else:
+                    sched = self._schedule_running_sequential(want, preempted)
+                    n_run_tokens = int(np.add.reduce(sched))
+                    all_active = False
             budget_left = budget - n_run_tokens
         else:
             sched = _empty_i()
@@ -346,6 +371,18 @@ class Scheduler:
                 chunks.append(num_new)
                 budget_left -= num_new
         n_tokens = n_run_tokens
+        if n_pure or not n_old:
+            # Admitted chunks: context = their cache hits, pairs = chunk x (hits + (chunk+1)/2).
+            n_seqs = n_old + len(admitted)
+            for c0, ch in zip(hits_tokens, chunks, strict=True):
+                ctx += c0
+                pairs += ch * (c0 + (ch + 1) / 2.0)
+                n_tokens += ch
+            if admitted:
+                self._append_running(admitted)
+                sched = np.concatenate([sched, np.asarray(chunks, dtype=np.int64)])
+            return Batch(n_tokens, n_seqs, ctx, pairs, admitted, hits_tokens, preempted, sched,
+                         n_pure)  # fmt: skip
         if admitted:
             self._append_running(admitted)
             sched = np.concatenate([sched, np.asarray(chunks, dtype=np.int64)])
@@ -376,6 +413,11 @@ class Scheduler:
         seq.last_step = col[S]
 
     def _remove(self, idx: list[int]) -> None:
+        if len(idx) == 1:
+            j = idx[0]
+            del self.running[j]
+            self.st = np.concatenate((self.st[:, :j], self.st[:, j + 1 :]), axis=1)
+            return
         for j in sorted(idx, reverse=True):
             del self.running[j]
         keep = np.ones(self.st.shape[1], dtype=bool)
@@ -447,6 +489,8 @@ class Scheduler:
         if sched.size == 0:
             return StepOutcome(0, 0.0, 0, [], [], [], [], [])
         st = self.st
+        if batch.n_pure:
+            return self._commit_pure(batch, s, t_end, want_tokens)
         st[C] += sched
         if self.caching and batch.n_tokens > batch.n_seqs:
             self._register_prefix_blocks(np.flatnonzero(sched > 1))
@@ -505,6 +549,76 @@ class Scheduler:
                     finished.append(seq)
                 self._remove(done)
         return StepOutcome(m, gap, n_regular, odd, first_tokens, finished, token_seqs, token_index)
+
+    def _commit_pure(self, batch: Batch, s: int, t_end: float, want_tokens: bool) -> StepOutcome:
+        """`commit` when the old rows all decoded one token and the rest were just admitted."""
+        st = self.st
+        n = batch.n_pure
+        old = st[:, :n]
+        old[C] += 1
+        last = old[S]
+        n_regular = int(np.count_nonzero(last == s - 1))
+        gap = t_end - float(self._times[s - 1]) if s > 0 else 0.0
+        odd: list[float] = []
+        token_seqs: list[Seq] = []
+        token_index: list[int] = []
+        if want_tokens:
+            token_seqs.extend(self.running[:n])
+            token_index.extend((old[N] - old[P]).tolist())
+        first_tokens: list[Seq] = []
+        if n_regular < n:  # a last prompt token, or after a starved step or a recompute
+            for j in np.flatnonzero(last != s - 1).tolist():
+                seq = self.running[j]
+                if old[N, j] == old[P, j]:
+                    seq.first_token_time = t_end
+                    seq.runs = [s]
+                    first_tokens.append(seq)
+                    continue
+                ls = int(last[j])
+                odd.append(t_end - float(self._times[ls]))
+                if self.record_itl:
+                    seq.runs.append(ls)
+                    seq.runs.append(s)
+        old[N] += 1
+        old[S] = s
+        produced = n
+        total = st.shape[1]
+        if total > n:  # admitted this step: prefill chunks
+            sched = batch.sched
+            st[C, n:] += sched[n:]
+            if self.caching:
+                self._register_prefix_blocks(np.arange(n, total)[sched[n:] > 1])
+            for j in range(n, total):
+                if st[C, j] == st[N, j]:
+                    seq = self.running[j]
+                    produced += 1
+                    if want_tokens:
+                        token_seqs.append(seq)
+                        token_index.append(int(st[N, j] - st[P, j]))
+                    if st[N, j] == st[P, j]:  # first token
+                        seq.first_token_time = t_end
+                        seq.runs = [s]
+                        first_tokens.append(seq)
+                    else:  # a recompute that caught up
+                        ls = int(st[S, j])
+                        odd.append(t_end - float(self._times[ls]))
+                        if self.record_itl:
+                            seq.runs.append(ls)
+                            seq.runs.append(s)
+                    st[N, j] += 1
+                    st[S, j] = s
+        finished: list[Seq] = []
+        done = np.flatnonzero(st[N] >= st[L]).tolist()
+        if done:
+            for j in done:
+                seq = self.running[j]
+                self._sync_out(j, seq)
+                self._free_blocks(seq, keep_hashes=False)
+                finished.append(seq)
+            self._remove(done)
+        return StepOutcome(
+            produced, gap, n_regular, odd, first_tokens, finished, token_seqs, token_index
+        )
 
     def _register_prefix_blocks(self, idx: IntArray) -> None:
         for j in idx.tolist():

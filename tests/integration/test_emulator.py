@@ -706,6 +706,8 @@ def test_project_crds_register_when_present(kube: KubeHandle) -> None:  # noqa: 
 
 
 def test_discovery_lists_builtins(kube: KubeHandle) -> None:  # noqa: F811
+    assert kube.http("GET", "/readyz") == (200, "ok")
+    assert kube.http("GET", "/openapi/v2")[0] == 404  # kubectl needs --validate=false
     _, groups = kube.http("GET", "/apis")
     names = {g["name"] for g in groups["groups"]}
     assert {"apps", "apiextensions.k8s.io", "coordination.k8s.io"} <= names
@@ -772,6 +774,9 @@ async def test_async_context_manager_and_no_global_dns_patch() -> None:
 
 def test_standalone_server_writes_a_kubeconfig_and_stops_on_sigterm(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kc.yaml"
+    crds = tmp_path / "crds"
+    crds.mkdir()
+    (crds / "widgets.yaml").write_text(yaml.safe_dump(WIDGET_CRD))
     process = subprocess.Popen(
         [
             sys.executable,
@@ -781,6 +786,8 @@ def test_standalone_server_writes_a_kubeconfig_and_stops_on_sigterm(tmp_path: Pa
             "0",
             "--kubeconfig",
             str(kubeconfig),
+            "--crds",
+            str(crds),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -797,6 +804,12 @@ def test_standalone_server_writes_a_kubeconfig_and_stops_on_sigterm(tmp_path: Pa
         core: Any = kubernetes.client.CoreV1Api(client)
         names = {n.metadata.name for n in core.list_namespace().items}
         assert "default" in names
+        # The CRD given with --crds is served.
+        custom: Any = kubernetes.client.CustomObjectsApi(client)
+        assert (
+            custom.list_namespaced_custom_object(GROUP, VERSION, "default", "widgets")["items"]
+            == []
+        )
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
     finally:
@@ -1049,3 +1062,73 @@ def test_strategic_merge_of_ports_env_and_finalizers() -> None:
     assert [e["name"] for e in merged["spec"]["env"]] == ["X", "Y"]
     assert merged["spec"]["tolerations"] == [{"key": "other"}]  # no merge key: replaced
     assert live["spec"]["env"] == [{"name": "X", "value": "1"}]  # the input is not mutated
+
+
+def test_builtin_defaults_are_filled_in(kube: KubeHandle) -> None:  # noqa: F811
+    _, dep = kube.http("POST", "/apis/apps/v1/namespaces/default/deployments", deployment("d"))
+    spec = dep["spec"]
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"},
+    }
+    assert spec["revisionHistoryLimit"] == 10 and spec["progressDeadlineSeconds"] == 600
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Always" and pod["dnsPolicy"] == "ClusterFirst"
+    assert pod["containers"][0]["imagePullPolicy"] == "IfNotPresent"  # tagged, not :latest
+    assert pod["containers"][0]["terminationMessagePath"] == "/dev/termination-log"
+    service = {
+        "kind": "Service",
+        "metadata": {"name": "s"},
+        "spec": {"selector": {"app": "d"}, "ports": [{"port": 80}]},
+    }
+    _, svc = kube.http("POST", "/api/v1/namespaces/default/services", service)
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["ports"] == [{"port": 80, "protocol": "TCP", "targetPort": 80}]
+    cluster_ip = svc["spec"]["clusterIP"]
+    assert cluster_ip and svc["spec"]["clusterIPs"] == [cluster_ip]
+    # An apply that leaves the allocated IP out keeps it.
+    applied = {"apiVersion": "v1", **service}
+    _, svc = kube.http(
+        "PATCH",
+        "/api/v1/namespaces/default/services/s",
+        json.dumps(applied),
+        content_type="application/apply-patch+yaml",
+        params={"fieldManager": "me"},
+    )
+    assert svc["spec"]["clusterIP"] == cluster_ip
+
+
+def test_child_of_a_missing_owner_is_garbage_collected(kube: KubeHandle) -> None:  # noqa: F811
+    body = deployment("orphaned")
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "ghost", "uid": "no-such-uid"}
+    ]
+    status, _ = kube.http("POST", "/apis/apps/v1/namespaces/default/deployments", body)
+    assert status == 201
+    assert kube.emulator.get_object("apps/v1/deployments", "default", "orphaned") is None
+
+
+def test_garbage_collection_cascades_through_generations(widgets: KubeHandle) -> None:
+    _, owner = widgets.http("POST", WIDGETS, widget("w"))
+    parent = owner
+    chain = [("apps/v1", "ReplicaSet", "replicasets"), ("v1", "Pod", "pods")]
+    _owned_deployment(widgets, parent, "gen1")
+    parent = widgets.emulator.get_object("apps/v1/deployments", "default", "gen1") or {}
+    for api_version, kind, plural in chain:
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        ref = {
+            "apiVersion": parent["apiVersion"],
+            "kind": parent["kind"],
+            "name": parent["metadata"]["name"],
+            "uid": parent["metadata"]["uid"],
+        }
+        body = {"kind": kind, "metadata": {"name": f"{plural}-x", "ownerReferences": [ref]}}
+        status, parent = widgets.http("POST", f"{prefix}/namespaces/default/{plural}", body)
+        assert status == 201
+    widgets.http("DELETE", f"{WIDGETS}/w")
+    for resource, name in [
+        ("apps/v1/deployments", "gen1"),
+        ("apps/v1/replicasets", "replicasets-x"),
+        ("v1/pods", "pods-x"),
+    ]:
+        assert widgets.emulator.get_object(resource, "default", name) is None, resource

@@ -38,6 +38,7 @@ from vllm_autotuner.adapters.promql import (
     discovery_query_for_targets,
     effective_window,
     index_outcomes,
+    label_name,
     parse_vector,
     resolve_names,
 )
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 # How far back name discovery looks: long enough to see every live exporter, short enough that
 # names of a vLLM version replaced days ago no longer win.
 DISCOVERY_LOOKBACK = timedelta(hours=1)
+ASSEMBLE_INLINE_MAX = 50  # deployments assembled on the event loop; more go to a thread
 
 
 class PrometheusError(Exception):
@@ -238,8 +240,8 @@ class PrometheusSource:
         self.rediscover_every_s = float(rediscover_every_s)
         self.rediscover_on_empty_s = float(rediscover_on_empty_s)
         self.max_concurrency = max(1, int(max_concurrency))
-        self.namespace_label = namespace_label
-        self.pod_label = pod_label
+        self.namespace_label = label_name(namespace_label)
+        self.pod_label = label_name(pod_label)
         self.names: MetricNames | None = None
         self._discovered_at: float | None = None  # time.monotonic()
         self._names_suspect = False
@@ -437,21 +439,30 @@ class PrometheusSource:
         for (window, key, _), outcome in zip(jobs, results, strict=True):
             outcomes.setdefault(window, {})[key] = outcome
 
-        for window, ts in groups.items():
-            indexed = index_outcomes(outcomes.get(window, {}), self.namespace_label, self.pod_label)
-            for t in ts:
-                snap = assemble(
-                    t,
-                    now,
-                    window,
-                    indexed,
-                    rate_scale=self.rate_scale,
-                    namespace_label=self.namespace_label,
-                    pod_label=self.pod_label,
+        def assemble_all() -> None:
+            for window, ts in groups.items():
+                indexed = index_outcomes(
+                    outcomes.get(window, {}), self.namespace_label, self.pod_label
                 )
-                if not snap.available and snap.reason.startswith("no vllm metrics"):
-                    self._names_suspect = True  # maybe renamed or re-escaped: look again soon
-                out[t.key] = snap
+                for t in ts:
+                    snap = assemble(
+                        t,
+                        now,
+                        window,
+                        indexed,
+                        rate_scale=self.rate_scale,
+                        namespace_label=self.namespace_label,
+                        pod_label=self.pod_label,
+                    )
+                    if not snap.available and snap.reason.startswith("no vllm metrics"):
+                        self._names_suspect = True  # maybe renamed or re-escaped: look again
+                    out[t.key] = snap
+
+        # About 1 ms of CPU per deployment: a big fleet would stall kopf's loop for seconds.
+        if len(targets) > ASSEMBLE_INLINE_MAX:
+            await asyncio.to_thread(assemble_all)
+        else:
+            assemble_all()
         return out
 
     async def _run_queries(

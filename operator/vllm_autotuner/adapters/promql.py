@@ -18,6 +18,7 @@ the same query under `le="sum"`, and its count is the `+Inf` bucket.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -138,8 +139,20 @@ def string_literal(value: str) -> str:
     return "".join(out)
 
 
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def label_name(name: str) -> str:
+    """`name` if it is a valid Prometheus label name; label names cannot be quoted in 2.x, so
+    anything else would be injected into the query."""
+    if not _LABEL_NAME.fullmatch(name):
+        raise ValueError(f"not a Prometheus label name: {name!r}")
+    return name
+
+
 def matcher(label: str, values: Iterable[str]) -> str:
     """`label="v"` for one value, `label=~"v1|v2"` (each quoted) for several."""
+    label_name(label)
     vs = sorted(set(values))
     if not vs:
         raise ValueError(f"no values for label {label}")
@@ -306,11 +319,11 @@ def discovery_query_for_targets(
     """
     matchers: list[str] = []
     if namespace is not None:
-        matchers.append(f"{namespace_label}={string_literal(namespace)}")
+        matchers.append(f"{label_name(namespace_label)}={string_literal(namespace)}")
     if pod_regex is not None:
-        matchers.append(f"{pod_label}=~{string_literal(pod_regex)}")
+        matchers.append(f"{label_name(pod_label)}=~{string_literal(pod_regex)}")
     for k, v in sorted((labels or {}).items()):
-        matchers.append(f"{k}={string_literal(v)}")
+        matchers.append(f"{label_name(k)}={string_literal(v)}")
     matchers.append(f'{pod_label}!=""')
     sel = series(running_names, "", ", ".join(matchers))
     by = f"{namespace_label}, {pod_label}, {MODEL_LABEL}"
@@ -413,7 +426,7 @@ def parse_vector(result: Any) -> list[Sample]:
             continue
         if not math.isfinite(v):
             continue
-        out.append(Sample({str(k): str(lv) for k, lv in metric.items()}, v))
+        out.append(Sample(metric, v))  # JSON label names and values are strings already
     return out
 
 
@@ -632,11 +645,23 @@ def assemble(
         if values and all(v >= 0 for v in values) and sum(values) <= limit:
             completed_by_pod[pod] = sum(values)
     if not completed_by_pod:
+        where = f"pods {_pod_list(target.pods)} in namespace {target.namespace}"
+        others = sorted(
+            {
+                s.labels.get(MODEL_LABEL, "")
+                for ss in rows(REQUIRED_SIGNAL, check_model=False).values()
+                for s in ss
+            }
+        )
+        if others:  # the usual cause: --served-model-name differs from what the spec says
+            return Snapshot.unavailable(
+                now,
+                window_s,
+                f"no vllm metrics for model {target.model_name} on {where}: they export "
+                f"model_name {', '.join(others)}",
+            )
         return Snapshot.unavailable(
-            now,
-            window_s,
-            f"no vllm metrics for pods {_pod_list(target.pods)} in namespace "
-            f"{target.namespace} in the last {window_s}s",
+            now, window_s, f"no vllm metrics for {where} in the last {window_s}s"
         )
     missing = set(target.pods) - set(completed_by_pod)
     scale = rate_scale if rate_scale > 0 else 1.0

@@ -9,10 +9,13 @@ whether the caller returned, raised or was interrupted with Ctrl-C.
     with LocalCluster(workdir="run", time_scale=10) as cluster:
         cluster.kubeconfig      # point the operator (or kubectl --validate=false) at it
         cluster.prometheus_url  # point the operator's Prometheus adapter at it
+
+Standalone, until Ctrl-C or SIGTERM: `python -m vllm_autotuner.local.cluster --workdir run`.
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import shutil
@@ -196,3 +199,33 @@ class LocalCluster:
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     """SIGTERM unwinds like Ctrl-C, so `with LocalCluster()` cleans up on `kill` too."""
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_autotuner.local.cluster",
+        description="API emulator + pod runner + Prometheus on this machine, until Ctrl-C.",
+    )
+    parser.add_argument("--workdir", default="local-cluster", help="kubeconfig, logs, TSDB")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="VLLM_SIM_TIME_SCALE")
+    parser.add_argument("--speed", type=float, default=1.0, help="divides back-off, deadlines")
+    parser.add_argument("--no-prometheus", action="store_true")
+    args = parser.parse_args(argv)
+    cluster = LocalCluster(
+        args.workdir,
+        time_scale=args.time_scale,
+        speed=args.speed,
+        with_prometheus=not args.no_prometheus,
+        handle_sigterm=True,
+    )
+    with contextlib.suppress(KeyboardInterrupt), cluster:
+        print(f"API server  {cluster.url}  (KUBECONFIG={cluster.kubeconfig.resolve()})")
+        if cluster.prometheus is not None:
+            print(f"Prometheus  {cluster.prometheus_url}")
+        print(f"pod logs    {(cluster.workdir / 'pods').resolve()}/NAMESPACE/POD.log", flush=True)
+        threading.Event().wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -29,6 +29,7 @@ from vllm_autotuner.adapters.promql import (
     SnapshotTarget,
     assemble,
     build_query,
+    discovery_query_for_targets,
     effective_window,
     matcher,
     parse_vector,
@@ -154,6 +155,20 @@ def test_escaping_by_hand() -> None:
     assert quote_meta("ns-1 x") == "ns-1 x"  # RE2 rejects `\-` and `\ `: leave them alone
     assert matcher("pod", ["p-1"]) == 'pod="p-1"'
     assert matcher("pod", ["b.1", "a"]) == 'pod=~"a|b\\\\.1"'
+
+
+def test_label_names_are_validated_not_injected() -> None:
+    with pytest.raises(ValueError, match="not a Prometheus label name"):
+        discovery_query_for_targets(
+            "vllm:num_requests_running", None, None, {'a="x"} or {b': "1"}, 60
+        )
+    with pytest.raises(ValueError):
+        PrometheusSource("http://prom", pod_label="pod}")
+    q = discovery_query_for_targets("vllm:num_requests_running", "ns", "p-.*", {"team": "a"}, 60)
+    assert q == (
+        "count by (namespace, pod, model_name) (last_over_time(vllm:num_requests_running"
+        '{namespace="ns", pod=~"p-.*", team="a", pod!=""}[60s]))'
+    )
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
@@ -500,6 +515,11 @@ def test_model_filter_keeps_only_the_served_model() -> None:
     }
     snap = assemble(_target("n", "d", ["p"], model_name="m"), NOW, 60, outcomes)
     assert snap.completed_requests == 30
+    wrong = assemble(_target("n", "d", ["p"], model_name="llama"), NOW, 60, outcomes)
+    assert not wrong.available
+    assert wrong.reason == (
+        "no vllm metrics for model llama on pods p in namespace n: they export model_name m, other"
+    )
 
 
 def test_mismatched_bucket_layouts_use_the_common_bounds() -> None:

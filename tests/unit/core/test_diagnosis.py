@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.core.test_decide import KNOBS, SLO_DEFAULT, make_snapshot
 from vllm_autotuner.core.diagnosis import diagnose
 from vllm_autotuner.core.tuning_types import SLO, Knobs, SLOTarget
@@ -69,3 +71,17 @@ def test_healthy_and_the_percentile_the_slo_names() -> None:
     slo = SLO(ttft=SLOTarget(99.0, 500.0))
     d = diagnose(make_snapshot(ttft_p95=400.0), slo, KNOBS)
     assert d.violations and d.violations[0][1] == 600.0
+
+
+def test_histogram_maths_matches_promql_interpolation() -> None:
+    """Percentiles and attainment from cumulative buckets, as histogram_quantile computes them."""
+    from vllm_autotuner.core.snapshot import fraction_below, histogram_quantile
+
+    buckets = [(0.1, 10.0), (0.5, 60.0), (1.0, 90.0), (float("inf"), 100.0)]
+    # Rank 50 falls 40/50 of the way through (0.1, 0.5].
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * 40 / 50)
+    # Rank 95 is in +Inf: PromQL answers the largest finite bound.
+    assert histogram_quantile(0.95, buckets) == 1.0
+    assert fraction_below(0.3, buckets) == pytest.approx((10 + 50 * 0.5) / 100)
+    assert fraction_below(2.0, buckets) == pytest.approx(0.9)
+    assert histogram_quantile(0.5, []) is None and fraction_below(1.0, [(1.0, 0.0)]) is None

@@ -171,3 +171,35 @@ def test_record_itl_off_keeps_timings() -> None:
     off = Engine(CFG, record_itl=False).run(reqs)
     assert all(r.itl == [] for r in off)
     assert [r.finish_time for r in on] == [r.finish_time for r in off]
+
+
+def test_next_event_time_points_at_a_pending_crash_and_never_raises() -> None:
+    reality = Reality(oom_above_utilization=0.9, oom_mean_time_s=2.0)
+    eng = Engine(dataclasses.replace(CFG, gpu_memory_utilization=0.95), reality, seed=3)
+    crash = eng.next_event_time()
+    assert crash is not None and crash > 0  # idle, yet something will happen
+    eng.add_request(Request("a", 100, 100000 // 100, 0.0))
+    t = eng.next_event_time()
+    assert t is not None and t <= crash
+    with pytest.raises(EngineCrashed):
+        eng.run_until(crash + 1.0)
+    assert eng.next_event_time() == eng.now  # dead: no raise here, run_until raises again
+    with pytest.raises(EngineCrashed):
+        eng.run_until(eng.now + 1.0)
+
+
+def test_abort_during_a_scheduled_step_takes_effect_after_it() -> None:
+    eng = Engine(CFG)
+    for i in range(3):
+        eng.add_request(Request(f"r{i}", 500, 50))
+    eng.run_until(0.2)
+    end = eng.next_event_time()  # schedules the next step
+    assert end is not None
+    eng.abort_request("r1")
+    assert any(s.rid == "r1" for s in eng.sched.running)  # still in the scheduled step
+    eng.run_until(end)  # that step started before `end`: it ran, then the abort applied
+    assert not any(s.rid == "r1" for s in eng.sched.running)
+    eng.run_until(100.0)
+    recs = {r.request_id: r for r in eng.pop_finished()}
+    assert recs["r1"].finish_reason == "abort" and recs["r1"].output_len < 50
+    assert recs["r0"].output_len == 50 and recs["r2"].output_len == 50

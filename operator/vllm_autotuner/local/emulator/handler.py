@@ -338,7 +338,9 @@ class KubernetesAPIEmulator(kmock.KubernetesScaffold):
                     )
             if api_path is None:
                 discovery = self._discovery(request.url.path)
-                if discovery is not None:
+                if request.url.path in ("/healthz", "/readyz", "/livez"):
+                    response = aiohttp.web.Response(text="ok")
+                elif discovery is not None:
                     response = aiohttp.web.json_response(discovery)
                 else:
                     response = await super()._handle(request)

@@ -124,6 +124,7 @@ class ObjectStore:
         self._history: dict[tuple[GroupResource, str, str], list[dict[str, Any]]] = {}
         self._applied: dict[tuple[GroupResource, str, str, str, str], dict[str, Any]] = {}
         self._gc_needed = False
+        self._collecting = False
         for rt in builtin_types():
             self._types[(rt.group, rt.version, rt.plural)] = rt
         namespaces = self.find_type("", "v1", "namespaces")
@@ -1034,6 +1035,15 @@ class ObjectStore:
 
     def _collect_garbage(self) -> None:
         """The garbage collector and namespace controller, run to a fixed point after writes."""
+        if self._collecting:
+            return  # deletions made by the collector itself are picked up by its own loop
+        self._collecting = True
+        try:
+            self._collect_rounds()
+        finally:
+            self._collecting = False
+
+    def _collect_rounds(self) -> None:
         rounds = 0
         while self._gc_needed and rounds < 1000:
             self._gc_needed = False

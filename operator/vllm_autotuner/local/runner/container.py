@@ -157,6 +157,9 @@ class Process:
             return ""
 
     def signal_group(self, sig: int) -> None:
+        # Once reaped, the process id (and so the group id) may belong to someone else.
+        if self.popen.returncode is not None:
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
 
@@ -167,9 +170,8 @@ class Process:
             deadline = time.monotonic() + grace_s
             while self.popen.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-        # Children that ignored SIGTERM (or the group after the leader left) go too.
-        self.signal_group(signal.SIGKILL)
         if self.popen.poll() is None:
+            self.signal_group(signal.SIGKILL)
             await asyncio.get_running_loop().run_in_executor(None, self.popen.wait)
 
     def kill_now(self) -> None:

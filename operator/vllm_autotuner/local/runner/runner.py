@@ -6,16 +6,20 @@ roll out through ReplicaSets (pod-template-hash, revision annotations), pods wit
 statuses (restartCount, CrashLoopBackOff, lastState.terminated.reason OOMKilled/Error) and
 Deployment status with Available/Progressing conditions.
 
-Level-triggered: every tick lists Deployments, ReplicaSets and Pods in all namespaces, moves the
-world one step towards the desired state and writes status only when it changed. A poll of a few
-hundred milliseconds is plenty for processes that take seconds to start, and relisting means a
-missed event can never leave the cluster stuck.
+Level-triggered: every tick (0.3 s) lists Deployments, ReplicaSets and Pods in all namespaces,
+moves the world one step towards the desired state and writes status only when it changed. A
+relist rather than a watch, because the kubelet half must poll processes and /health anyway,
+processes take a second to start, and a missed event can never leave the cluster stuck;
+measured cost: about 1.5% of one core with three pods (emulator included).
 
 Local differences, on purpose: every pod listens on 127.0.0.1 on its own port (annotation
 `vllm.autotuner.io/local-port`); a Deployment without `strategy.rollingUpdate` rolls out
 surge-free (maxSurge 0, maxUnavailable 1: the safe choice on full GPU nodes) instead of 25%/25%;
-a pod an old revision loses is stopped before the next one starts; liveness and startup probes
-never kill (the simulator does not hang).
+a pod an old revision loses is stopped before the next one starts (no overlap even while
+terminating); only the first container of a pod runs; probes are the pod's /health, polled every
+0.3 s until ready and every second after, and liveness and startup probes never kill (the
+simulator does not hang); a pod pinned with `nodeSelector: nvidia.com/gpu.product` gets that GPU
+as VLLM_SIM_GPU, as if scheduled on such a node; a pod whose port was taken gets a new one.
 """
 
 from __future__ import annotations
@@ -274,6 +278,10 @@ class PodRunner:
         replicasets = await client.list(REPLICASETS)
         pods = await client.list(PODS)
         self.ticks += 1
+        present = {o["metadata"]["uid"] for o in (*deployments, *replicasets, *pods)}
+        for memo in (self._written, self._progress):
+            for gone in [uid for uid in memo if uid not in present]:
+                del memo[gone]
         deployment_uids = {d["metadata"]["uid"]: d for d in deployments}
         # ReplicaSets whose Deployment is gone (the garbage collector may be slower than us).
         live_rs: list[dict[str, Any]] = []
@@ -395,7 +403,7 @@ class PodRunner:
             new["metadata"]["name"],
             new_counts,
             old_counts,
-            strategy.max_unavailable,
+            0 if strategy.recreate else strategy.max_unavailable,  # as deploymentutil does
         )
 
     async def _prune_history(
