@@ -140,7 +140,7 @@ def main() -> None:
         report(f"{label}: TPOT ms", m_tpot, tpot)
         report(f"{label}: TTFT ms", m_ttft, ttft)
     errs = np.abs([(m - r) / r for _, m, r in rows]) * 100
-    print(f"== {len(rows)} points: mean |error| {errs.mean():.1f}%, max {errs.max():.1f}%, "
+    print(f"== {len(rows)} points: median |error| {np.median(errs):.1f}%, max {errs.max():.1f}%, "
           f"within 10%: {(errs <= 10).sum()}/{len(rows)} ==")  # fmt: skip
 
 

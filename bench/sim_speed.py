@@ -84,7 +84,8 @@ def run_case(case: Case, n: int, record_itl: bool) -> None:
     tput = sum(r.output_len for r in recs) / sim
     print(
         f"{case.name}: {sim:8.1f} s simulated in {wall:6.2f} s wall = {sim / wall:7.0f}x real "
-        f"time ({sim / cpu:.0f}x per CPU second) | {len(recs)} finished, {len(eng.sched.running)} running, "
+        f"time ({sim / cpu:.0f}x per CPU second) | {len(recs)} finished, "
+        f"{len(eng.sched.running)} running, "
         f"{len(eng.sched.waiting)} waiting at the end, {eng.sched.step_index} steps "
         f"({wall / max(eng.sched.step_index, 1) * 1e6:.0f} us/step), {tput:.0f} output tok/s"
     )

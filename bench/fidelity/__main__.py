@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\r{label} {frac:4.0%}", end="", file=sys.stderr, flush=True)
 
         max_stage_s = QUICK_STAGE_S if args.quick and not run.overloaded else None
-        result = replay(run, args.seed, client, max_stage_s, progress)
+        show = progress if sys.stderr.isatty() else None
+        result = replay(run, args.seed, client, max_stage_s, show)
         print(
             f"\r{label} {len(result.records)} requests in {result.wall_s:.1f} s",
             file=sys.stderr,
@@ -66,14 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         results.append(result)
     if args.fit_client_overhead:
-        client = fit_client_overhead(results)
+        client = fit_client_overhead(results, client)
         print(f"fitted client overhead: {client.overhead_s * 1e3:.1f} ms", file=sys.stderr)
     reports = [compare(replace(r, client=client)) for r in results]
-    md = markdown(reports, client.overhead_s, args.seed, args.quick)
+    md = markdown(reports, client, args.seed, args.quick)
     print(md)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity.md").write_text(md)
-    data = to_json(reports, client.overhead_s, args.seed, args.quick)
+    data = to_json(reports, client, args.seed, args.quick)
     (args.out / "fidelity.json").write_text(json.dumps(data, indent=1))
     print(
         f"wrote {args.out / 'fidelity.md'} and fidelity.json "

@@ -147,7 +147,9 @@ def median_errors(reports: list[RunReport], assumed: bool) -> dict[str, tuple[fl
 
 
 def fit_client_overhead(
-    results: list[ReplayResult], grid_ms: tuple[float, float, float] = (0.0, 40.0, 0.5)
+    results: list[ReplayResult],
+    base: ClientModel,
+    grid_ms: tuple[float, float, float] = (0.0, 40.0, 0.5),
 ) -> ClientModel:
     """The one overhead, shared by every run, that minimises the median |TTFT error|.
 
@@ -159,7 +161,7 @@ def fit_client_overhead(
     best: tuple[float, float] | None = None
     ms = lo
     while ms <= hi + 1e-9:
-        client = ClientModel(overhead_s=ms / 1e3)
+        client = replace(base, overhead_s=ms / 1e3)
         reports = [compare(replace(r, client=client)) for r in results]
         med = median_errors(reports, assumed=False)
         score = statistics.fmean(med[k][0] for k in ("TTFT mean", "TTFT p50") if k in med)
@@ -167,7 +169,7 @@ def fit_client_overhead(
             best = (score, ms)
         ms += step
     assert best is not None
-    return ClientModel(overhead_s=best[1] / 1e3)
+    return replace(base, overhead_s=best[1] / 1e3)
 
 
 def _pct(e: float | None) -> str:
@@ -190,11 +192,11 @@ def _cell(c: Cell | None) -> str:
     return f"{_num(c.sim)} / {_num(c.measured)} ({_pct(c.error)})"
 
 
-def markdown(reports: list[RunReport], client_overhead_s: float, seed: int, quick: bool) -> str:
+def markdown(reports: list[RunReport], client: ClientModel, seed: int, quick: bool) -> str:
     cols = [c for c, _, _ in METRICS]
     lines = [
         "Each cell: simulated / measured (relative error). Latencies in ms, throughput in "
-        f"completed req/s. Client overhead {client_overhead_s * 1e3:.1f} ms, seed {seed}"
+        f"completed req/s. Client overhead {client.overhead_s * 1e3:.1f} ms, seed {seed}"
         + (", QUICK mode (stages cut short)" if quick else "")
         + ".",
         "",
@@ -250,7 +252,7 @@ def summary_markdown(reports: list[RunReport]) -> str:
     return "\n".join(lines)
 
 
-def to_json(reports: list[RunReport], client_overhead_s: float, seed: int, quick: bool) -> Any:
+def to_json(reports: list[RunReport], client: ClientModel, seed: int, quick: bool) -> Any:
     def enc(rep: RunReport) -> dict[str, Any]:
         d = asdict(rep)
         if rep.kv_blocks is not None:
@@ -262,7 +264,7 @@ def to_json(reports: list[RunReport], client_overhead_s: float, seed: int, quick
         return d
 
     return {
-        "client_overhead_s": client_overhead_s,
+        "client": asdict(client),
         "seed": seed,
         "quick": quick,
         "median_abs_error": {

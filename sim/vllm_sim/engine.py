@@ -103,6 +103,8 @@ class Engine:
         self._finished: list[RequestRecord] = []
         self._inflight: tuple[Batch, float, float] | None = None
         self._deferred_aborts: list[str] = []
+        self._prev_start = -math.inf  # the last step's start and end (async scheduling)
+        self._prev_end = -math.inf
         rng = np.random.default_rng(seed)
         self._jitter_rng = np.random.default_rng(rng.integers(2**63))
         self._jitter_buf: FloatArray = np.zeros(0)
@@ -124,7 +126,7 @@ class Engine:
         """Queue a request. One that arrived before `now` (e.g. during the step that just ran)
         is seen by the next step but keeps its arrival time for latency metrics."""
         if req.request_id in self._ids:
-            raise ValueError(f"duplicate request id {req.request_id!r}")
+            raise ValueError(f"duplicate request id {req.request_id!r} (still in flight)")
         if req.prompt_len < 1 or req.max_tokens < 1:
             raise ValueError("prompt_len and max_tokens must be >= 1")
         if req.prompt_len + 1 > self.max_model_len:
@@ -242,9 +244,27 @@ class Engine:
                 "activation peak outgrew the memory gpu_memory_utilization left free."
             )
 
+    def _arrival_cutoff(self) -> float:
+        """Requests seen by the scheduler before this point join the step starting now.
+
+        With async scheduling the step starting now was scheduled when the previous one
+        started, if the engine was busy; an idle engine picks work up at once.
+        """
+        sched = self.sched
+        if (
+            self.config.async_scheduling
+            and (sched.running or sched.waiting)
+            and self._prev_end >= self.now
+        ):
+            return self._prev_start
+        return self.now
+
     def _release_arrivals(self) -> None:
         pending = self._pending
-        while pending and pending[0][0] <= self.now:
+        if not pending:
+            return
+        cutoff = self._arrival_cutoff()
+        while pending and pending[0][0] <= cutoff:
             self.sched.waiting.append(heapq.heappop(pending)[2])
 
     def _jitter(self, first_step: int, n: int) -> FloatArray:
@@ -275,6 +295,8 @@ class Engine:
                 dt *= float(self._jitter(self.sched.step_index, 1)[0])
         dt += self.reality.per_request_overhead_s * len(b.admitted)
         self._inflight = (b, t0, t0 + dt)
+        self._prev_start = t0
+        self._prev_end = t0 + dt
 
     def _end_step(self, on_tokens: Callable[[list[TokenEvent]], None] | None) -> None:
         assert self._inflight is not None
@@ -362,12 +384,15 @@ class Engine:
         starts = ends[:-1]
         ends = ends[1:]
         limit = t
-        # An arrival can join this stretch's steps only if step 2 could admit it.
-        if self._pending and not sched.waiting and d < sched.mns and d < sched.budget:
-            limit = min(limit, self._pending[0][0])
         if self._crash_at is not None:
             limit = min(limit, self._crash_at)
         k = min(k, int(np.searchsorted(starts, limit, side="left")))
+        # An arrival can join this stretch's steps only if step 2 could admit it. It is seen
+        # by the first step starting at or after it, or (async scheduling) by the first step
+        # whose predecessor started at or after it.
+        if self._pending and not sched.waiting and d < sched.mns and d < sched.budget:
+            seen = int(np.searchsorted(starts, self._pending[0][0], side="left"))
+            k = min(k, seen + 1 if self.config.async_scheduling else seen)
         if k < 2:
             return False
         dts = dts[:k]
@@ -385,6 +410,8 @@ class Engine:
         m.iteration_tokens.observe_repeated(d, k)
         prev = self.now
         self.now = float(ends[-1])
+        self._prev_start = float(starts[k - 1])
+        self._prev_end = self.now
         if self.on_step is not None:
             for i in range(k):
                 start = prev if i == 0 else float(ends[i - 1])
@@ -414,6 +441,7 @@ class Engine:
             itl=itl,
         )
         self._finished.append(rec)
+        self._ids.discard(seq.rid)  # only in-flight ids must be unique
         sched_t = seq.first_scheduled if seq.first_scheduled is not None else t
         first_t = seq.first_token_time if seq.first_token_time is not None else t
         last_t = self.sched.step_end_time(seq.last_step) if seq.first_token_time is not None else t

@@ -139,7 +139,11 @@ class Histogram:
 
     def observe_many_weighted(self, values: FloatArray, weight: int) -> None:
         """Each value observed `weight` times (a decode step's gap, once per running request)."""
-        if values.size and weight > 0:
+        if values.size < 64:  # a Python loop beats numpy's call overhead on short runs
+            for v in values.tolist():
+                self.observe_repeated(v, weight)
+            return
+        if weight > 0:
             idx = np.searchsorted(self.bounds, values, side="left")
             binned = np.bincount(idx, minlength=len(self.counts)) * weight
             self.counts = [a + b for a, b in zip(self.counts, binned.tolist(), strict=True)]

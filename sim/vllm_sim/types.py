@@ -45,6 +45,9 @@ class EngineConfig:
     # vLLM's --num-gpu-blocks-override: fixes the KV block count after profiling (tests use it to
     # get a small cache without a small GPU).
     num_gpu_blocks_override: int | None = None
+    # vLLM's --async-scheduling (on by default since 0.14): step N+1 is scheduled while step N
+    # runs, so a request that arrives during a busy step waits one step more.
+    async_scheduling: bool = True
 
 
 @dataclass(frozen=True)

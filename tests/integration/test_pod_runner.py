@@ -23,7 +23,7 @@ from tests.support.kube import KubeHandle, running_emulator
 from tests.support.waiting import wait_for
 from vllm_autotuner.local.pods import PORT_ANNOTATION, PodRunner, RunnerConfig
 from vllm_autotuner.local.runner import container as container_module
-from vllm_autotuner.local.runner import runner as runner_module
+from vllm_autotuner.local.runner import kubelet as kubelet_module
 from vllm_autotuner.local.runner.container import (
     gpu_for_node_selector,
     serve_args,
@@ -515,7 +515,7 @@ def test_a_port_taken_by_someone_else_is_replaced(
         busy = taken.getsockname()[1]
         ports = iter([busy])
         monkeypatch.setattr(
-            runner_module, "free_port", lambda: next(ports, None) or container_module.free_port()
+            kubelet_module, "free_port", lambda: next(ports, None) or container_module.free_port()
         )
         cluster.create_deployment(ns, deployment("llm", []))
         pod = until(lambda: next(iter(ready_pods(cluster, ns)), None), timeout=30, message="a pod")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,16 +67,33 @@ def test_run_until_runs_steps_that_start_before_t() -> None:
     assert rec.request_id == "a" and eng.pop_finished() == []
 
 
-def test_a_late_arrival_is_seen_by_the_next_step_and_keeps_its_arrival_time() -> None:
-    eng = Engine(CFG)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_late_arrival_joins_a_later_step_and_keeps_its_arrival_time(
+    async_scheduling: bool,
+) -> None:
+    eng = Engine(dataclasses.replace(CFG, async_scheduling=async_scheduling))
     eng.add_request(Request("a", 2000, 5, 0.0))
     eng.run_until(eng.frontend_delay + 1e-6)  # runs the first step past its start
     assert eng.now > eng.frontend_delay + 0.01
-    eng.add_request(Request("b", 10, 2, 0.001))
+    eng.add_request(Request("b", 10, 2, 0.001))  # arrived while that step ran
     eng.run_until(10.0)
     recs = {r.request_id: r for r in eng.pop_finished()}
-    assert recs["b"].first_scheduled_time == pytest.approx(recs["a"].first_token_time)  # next step
-    assert recs["b"].queue_time == pytest.approx(recs["b"].first_scheduled_time - 0.001)  # type: ignore[operator]
+    a, b = recs["a"], recs["b"]
+    assert a.first_token_time is not None and b.first_scheduled_time is not None
+    if async_scheduling:  # step 2 was scheduled while step 1 ran: b waits for step 3
+        assert b.first_scheduled_time == pytest.approx(a.first_token_time + a.itl[0])
+    else:  # the very next step
+        assert b.first_scheduled_time == pytest.approx(a.first_token_time)
+    assert b.queue_time == pytest.approx(b.first_scheduled_time - 0.001)
+
+
+def test_an_idle_engine_picks_work_up_at_once() -> None:
+    eng = Engine(CFG)
+    [a] = eng.run([Request("a", 100, 3, 0.0)])
+    eng.add_request(Request("b", 100, 3, a.finish_time + 0.5))
+    eng.run_until(100.0)
+    [b] = eng.pop_finished()
+    assert b.first_scheduled_time == pytest.approx(b.arrival_time + eng.frontend_delay)
 
 
 def test_invalid_requests_are_refused() -> None:
@@ -203,3 +222,21 @@ def test_abort_during_a_scheduled_step_takes_effect_after_it() -> None:
     recs = {r.request_id: r for r in eng.pop_finished()}
     assert recs["r1"].finish_reason == "abort" and recs["r1"].output_len < 50
     assert recs["r0"].output_len == 50 and recs["r2"].output_len == 50
+
+
+def test_an_uncatalogued_model_and_gpu_run_from_their_spec_files(tmp_path: Path) -> None:
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps({
+        "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+        "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    }))  # fmt: skip
+    gpu = tmp_path / "L4.json"
+    gpu.write_text(json.dumps({"memory_gib": 22.0, "hbm_tb_s": 0.3, "bf16_tflops": 121}))
+    eng = Engine(EngineConfig(model=str(model), gpu=str(gpu)))
+    assert eng.resolved.max_model_len == 8192
+    assert (eng.resolved.max_num_batched_tokens, eng.resolved.max_num_seqs) == (2048, 256)
+    # 16 layers x 8 KV heads x 64 dims x 2 (K, V) x 2 bytes
+    assert eng.kv.kv_bytes_per_token == 16 * 8 * 64 * 2 * 2
+    [rec] = eng.run([Request("a", 500, 10)])
+    assert rec.output_len == 10 and rec.ttft is not None and rec.ttft > 0

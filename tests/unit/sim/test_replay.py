@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +141,67 @@ def test_kv_blocks_of_every_calibration_model_are_within_5_percent_of_the_log() 
         assert abs(blocks - run.kv_blocks) / run.kv_blocks <= 0.05, (run.id, blocks)
         checked.add(run.model)
     assert len(checked) == 4
+
+
+def test_repeated_prompts_are_whole_prompt_prefixes() -> None:
+    run = small_run()
+    wl = dataclasses.replace(run.workload, repeat_prompts=True, prompts_per_group=2)
+    reqs = build_requests(dataclasses.replace(run, workload=wl), seed=0)
+    assert {r.prefix_len for r in reqs} == {wl.prompt_tokens}
+    assert len({r.prefix_id for r in reqs}) == wl.groups * 2
+    cached = replay(dataclasses.replace(run, workload=wl), seed=0)
+    unique = replay(run, seed=0)
+    hits = sum(r.cached_tokens for r in cached.records)
+    assert hits > sum(r.cached_tokens for r in unique.records)
+    assert hits > 0.5 * wl.prompt_tokens * len(reqs)
+
+
+def test_the_fidelity_harness_reports_sim_against_measured(tmp_path: Path) -> None:
+    from bench.fidelity.__main__ import main
+
+    run = small_run()
+    result = replay(run, seed=0)
+    truth = result.stats(Measured(segment=0))
+    # A "measurement" 10% faster than the simulation on TPOT and equal on TTFT p50.
+    runs_file = tmp_path / "runs.json"
+    runs_file.write_text(
+        json.dumps(
+            {
+                "runs": [
+                    {
+                        "id": "tiny",
+                        "model": "meta-llama/Llama-2-7b-hf",
+                        "gpu": "H100",
+                        "knobs": {"max_num_seqs": 32, "max_num_batched_tokens": 1024},
+                        "client_timeout_s": 300,
+                        "kv_blocks": result.num_gpu_blocks,
+                        "workload": {
+                            "system_prompt_tokens": 64,
+                            "question_tokens": 200,
+                            "prompt_tokens": 280,
+                            "output_tokens": 40,
+                            "groups": 3,
+                            "stages": [{"rate": 4, "duration": 20}, {"rate": 8, "duration": 10}],
+                        },
+                        "results": [
+                            {
+                                "segment": 0,
+                                "tpot_ms": {"mean": truth.tpot_ms["mean"] / 1.1},
+                                "ttft_ms": {"p50": truth.ttft_ms["p50"]},
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    out = tmp_path / "out"
+    assert main([str(runs_file), "--out", str(out)]) == 0
+    data = json.loads((out / "fidelity.json").read_text())
+    [rep] = data["runs"]
+    cells = rep["rows"][0]["cells"]
+    assert cells["TPOT mean"]["error"] == pytest.approx(0.1)
+    assert cells["TTFT p50"]["error"] == pytest.approx(0.0, abs=1e-9)
+    assert rep["kv_blocks"]["error"] == 0
+    assert data["median_abs_error"]["TPOT mean"]["median"] == pytest.approx(0.1)
+    assert "tiny" in (out / "fidelity.md").read_text()

@@ -25,6 +25,7 @@ class Case:
     threshold: int
     caching: bool
     requests: tuple[Request, ...]
+    async_scheduling: bool = True
 
 
 @st.composite
@@ -50,7 +51,7 @@ def cases(draw: st.DrawFn) -> Case:
                 prefix_len=draw(st.integers(0, prompt)) if prefix else 0,
             )
         )
-    return Case(mnbt, mns, blocks, threshold, draw(st.booleans()), tuple(reqs))
+    return Case(mnbt, mns, blocks, threshold, draw(st.booleans()), tuple(reqs), draw(st.booleans()))
 
 
 def make_engine(case: Case, fast: bool = True, seed: int = 0) -> Engine:
@@ -63,6 +64,7 @@ def make_engine(case: Case, fast: bool = True, seed: int = 0) -> Engine:
         long_prefill_token_threshold=case.threshold,
         enable_prefix_caching=case.caching,
         block_size=BS,
+        async_scheduling=case.async_scheduling,
     )
     # No frontend delay: these tests look at the scheduler alone.
     return Engine(cfg, seed=seed, fast=fast, calibration=Calibration(c_frontend_s=0.0))

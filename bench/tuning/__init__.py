@@ -1,0 +1,1 @@
+"""Tuning-quality benchmark: the tuner against the oracle and its peers (issue 5)."""

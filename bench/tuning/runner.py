@@ -1,0 +1,171 @@
+"""One scenario, every method, one process: the searches, the live runs and the numbers.
+
+Live runs of the offline methods share their common prefix: until its tuning ends, such a
+method's deployment is exactly the defaults' deployment (same traffic, same seeds), so the
+defaults' world is run once and forked (deep copy) at each switch time, where the fork rolls
+out the method's result and runs to the horizon.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.tuning import methods as m
+from bench.tuning.scenario import load
+from bench.tuning.truth import Truth
+from bench.tuning.world import World
+from vllm_autotuner.core.tuning_types import Knobs
+
+ALL_METHODS = ("defaults", "auto_tune", "random30", "random50", "bo30", "bo50", "ours")
+QUICK_METHODS = ("defaults", "auto_tune", "random30", "bo30", "ours")
+
+
+@dataclass
+class Live:
+    goodput: float
+    violation_minutes: int
+    failed_requests: int
+    crashes: int
+    replacements: int
+    crash_left_standing: bool
+    attainment: list[float] = field(default_factory=list)  # -1: no traffic that minute
+
+
+def live_stats(w: World) -> Live:
+    view = w.minute_view()
+    return Live(
+        goodput=w.goodput(),
+        violation_minutes=int(view.violated.sum()),
+        failed_requests=w.failed(),
+        crashes=w.crashes,
+        replacements=w.replacements,
+        crash_left_standing=w.crash_left_standing(),
+        attainment=[-1.0 if np.isnan(a) else round(float(a), 4) for a in view.attainment],
+    )
+
+
+def _knobs(k: Knobs) -> dict[str, Any]:
+    return k.to_dict()
+
+
+def run_scenario(
+    path: str,
+    methods: Sequence[str] = ALL_METHODS,
+    quick: bool = False,
+    model_kind: str = "analytic",
+    horizon_s: float | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    s = load(path)
+    started = time.monotonic()
+
+    def progress(text: str) -> None:
+        line = f"[{s.name} {time.monotonic() - started:6.1f}s] {text}"
+        (log or (lambda x: print(x, file=sys.stderr, flush=True)))(line)
+
+    horizon = float(horizon_s if horizon_s is not None else s.horizon_s)
+    if quick and horizon_s is None:
+        horizon = min(horizon, 7200.0)
+    truth = Truth(s)
+    oracle_k, oracle_cap = m.run_oracle(s, truth, progress)
+    progress(f"oracle {oracle_k.describe()}: {oracle_cap:.2f} req/s per replica")
+    defaults = m.vllm_defaults(s)
+
+    tunings: dict[str, m.Tuning] = {"defaults": m.Tuning("defaults", defaults)}
+    if "auto_tune" in methods:
+        tunings["auto_tune"] = m.auto_tune(s, progress)
+    want_random = [x for x in methods if x.startswith("random")]
+    if want_random:
+        n = max(int(x[len("random") :]) for x in want_random)
+        full = m.random_search(s, n, s.seed + 101, progress)
+        for x in want_random:
+            tunings[x] = m.prefix(full, int(x[len("random") :]), x)
+    want_bo = [x for x in methods if x.startswith("bo")]
+    if want_bo:
+        n = max(int(x[len("bo") :]) for x in want_bo)
+        full = m.bayes_opt(s, n, s.seed + 202, progress)
+        for x in want_bo:
+            tunings[x] = m.prefix(full, int(x[len("bo") :]), x)
+
+    # Live runs of defaults and the offline methods, forking the defaults' world.
+    lives: dict[str, Live] = {}
+    base = World(s, defaults, horizon)
+    offline = sorted(
+        (t.tuning_s, name) for name, t in tunings.items() if name not in ("defaults", "ours")
+    )
+    for ts, name in offline:
+        final = tunings[name].final
+        if ts >= horizon or final.same_as(defaults):
+            continue
+        base.advance_to(ts)
+        fork = copy.deepcopy(base, memo={id(base.requests): base.requests})
+        fork.apply(final)
+        fork.advance_to(horizon)
+        lives[name] = live_stats(fork)
+        progress(f"{name}: live run done (switched at {ts / 60:.0f} min)")
+    base.advance_to(horizon)
+    lives["defaults"] = live_stats(base)
+    for _, name in offline:
+        lives.setdefault(name, lives["defaults"])
+
+    trace = m.OursTrace()
+    rollbacks = 0
+    if "ours" in methods:
+        world = World(s, defaults, horizon)
+        tunings["ours"], trace, rollbacks = m.run_ours(s, world, model_kind, progress)
+        lives["ours"] = live_stats(world)
+        progress(f"ours: live run done ({len(tunings['ours'].trials)} trials)")
+
+    rows: dict[str, Any] = {}
+    for name, tu in tunings.items():
+        for tp in tu.trials:
+            object.__setattr__(tp, "incumbent_truth", truth.capacity(tp.incumbent))
+        cap = truth.capacity(tu.final)
+        live = lives[name]
+        rows[name] = {
+            "final": _knobs(tu.final),
+            "capacity": round(cap, 3),
+            "ratio": round(cap / oracle_cap, 4) if oracle_cap > 0 else None,
+            "goodput": round(live.goodput, 3),
+            "trials": len(tu.trials),
+            "tuning_minutes": round(tu.tuning_s / 60.0, 1),
+            "violation_minutes": live.violation_minutes,
+            "rollbacks": rollbacks if name == "ours" else 0,
+            "trial_crashes": tu.trial_crashes,
+            "live_crashes": live.crashes,
+            "crash_left_standing": live.crash_left_standing,
+            "failed_requests": live.failed_requests,
+            "restarts": live.replacements,
+            "best_so_far": [[tp.index, round(tp.incumbent_truth, 3)] for tp in tu.trials],
+            "trial_knobs": [
+                {**_knobs(tp.knobs), "measured": tp.measured, "failed": tp.failed}
+                for tp in tu.trials
+            ],
+            "attainment_per_minute": live.attainment if name == "ours" else None,
+        }
+    truth.save()
+    progress(f"done ({truth.evaluations} ground-truth evaluations)")
+    return {
+        "scenario": s.name,
+        "file": path,
+        "key": s.key,
+        "description": s.description,
+        "horizon_s": horizon,
+        "replicas": s.replicas,
+        "oracle": {"knobs": _knobs(oracle_k), "capacity": round(oracle_cap, 3)},
+        "defaults": _knobs(defaults),
+        "methods": rows,
+        "ours_trace": {
+            "t": trace.times,
+            "knobs": [_knobs(k) for k in trace.knobs],
+            "actions": [[t, a, r] for t, a, r in trace.actions],
+        },
+        "seconds": round(time.monotonic() - started, 1),
+    }

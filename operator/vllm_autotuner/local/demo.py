@@ -1,0 +1,400 @@
+"""`vllm-autotuner demo`: the whole closed loop on one machine, no cluster and no GPU.
+
+It starts the one-machine cluster (API emulator, pod runner with vllm-sim pods, the real
+Prometheus), a Service in front of the pods, the real operator (the same `run` entry point,
+as a separate process pointed at the emulator), applies a policy and a VLLMDeployment, and
+drives long-prompt traffic that vLLM's default token budget serves badly under a tight
+inter-token-latency SLO. It prints what happens as it happens and writes a report (PNG plots
+and a markdown summary). Ctrl-C stops every process it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import requests
+
+from vllm_autotuner.local.cluster import LocalCluster
+from vllm_autotuner.local.service_proxy import ServiceProxy
+
+NAMESPACE = "default"
+NAME = "demo"
+CR_PATH = f"/apis/vllm.autotuner.io/v1alpha1/namespaces/{NAMESPACE}/vllmdeployments"
+POLICY_PATH = "/apis/vllm.autotuner.io/v1alpha1/vllmtuningpolicies"
+
+# The embedded default (examples/demo-*.yaml hold the same objects for kubectl users; a test
+# keeps them equal). Windows are short so a whole tuning cycle fits in minutes.
+DEMO_POLICY: dict[str, Any] = {
+    "apiVersion": "vllm.autotuner.io/v1alpha1",
+    "kind": "VLLMTuningPolicy",
+    "metadata": {"name": "demo"},
+    "spec": {
+        "slo": {
+            "ttft": {"percentile": 95, "thresholdMs": 1000},
+            "itl": {"percentile": 95, "thresholdMs": 30},
+        },
+        "rollout": {
+            "minInterval": "1m",
+            "maxPerDay": 100,
+            "verifyWindow": "90s",
+            "readyTimeout": "2m",
+        },
+        "minRequestsPerWindow": 50,
+        "evaluationWindow": "60s",
+    },
+}
+
+DEMO_DEPLOYMENT: dict[str, Any] = {
+    "apiVersion": "vllm.autotuner.io/v1alpha1",
+    "kind": "VLLMDeployment",
+    "metadata": {"name": NAME, "namespace": NAMESPACE},
+    "spec": {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "gpu": {"count": 1, "product": "H100"},
+        "tuning": {"mode": "Auto", "policyRef": "demo"},
+    },
+}
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    out: Path = Path("demo-report")
+    time_scale: float = 5.0  # virtual seconds of the simulated GPU per wall second
+    rate: float = 4.0  # requests per virtual second
+    workload: str = "rag"
+    max_minutes: float = 10.0
+    settle_after_commit_s: float = 40.0
+    reconcile_interval_s: float = 3.0
+    keep_workdir: bool = False
+
+
+@dataclass
+class Sample:
+    t: float
+    phase: str | None
+    knobs: str | None
+    ttft_p95: float | None
+    itl_p95: float | None
+    kv: float | None
+    rate: float | None
+    slo_met: str | None
+    ready: str | None
+
+
+@dataclass
+class Timeline:
+    samples: list[Sample] = field(default_factory=list)
+    decisions: list[tuple[float, str, str]] = field(default_factory=list)  # (t, action, reason)
+
+
+def _condition(status: dict[str, Any], cond_type: str) -> dict[str, Any]:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == cond_type:
+            return dict(cond)
+    return {}
+
+
+class Demo:
+    def __init__(self, config: DemoConfig, out: TextIO = sys.stdout) -> None:
+        self.config = config
+        self.out = out
+        self.timeline = Timeline()
+        self.cluster: LocalCluster | None = None
+        self.proxy: ServiceProxy | None = None
+        self.operator: subprocess.Popen[bytes] | None = None
+        self._load_thread: threading.Thread | None = None
+        self._load_loop: asyncio.AbstractEventLoop | None = None
+        self._load_task: asyncio.Task[Any] | None = None
+        self.load_result: Any = None
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------------------ output
+
+    def say(self, text: str) -> None:
+        elapsed = time.monotonic() - self.started
+        self.out.write(f"[{int(elapsed // 60):02d}:{int(elapsed % 60):02d}] {text}\n")
+        self.out.flush()
+
+    # ------------------------------------------------------------------------ lifecycle
+
+    def run(self) -> int:
+        cfg = self.config
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        workdir = cfg.out / "run"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.say(
+            f"starting the one-machine cluster (API emulator, pod runner, Prometheus) "
+            f"at {cfg.time_scale:g}x speed in {workdir}"
+        )
+        try:
+            self.cluster = LocalCluster(workdir=workdir, time_scale=cfg.time_scale,
+                                        speed=cfg.time_scale)  # fmt: skip
+            self.cluster.start()
+            self.proxy = ServiceProxy(lambda: self._endpoints()).start_in_thread()
+            self._start_operator(workdir)
+            self._apply()
+            self._wait_for_pods()
+            self._start_load()
+            converged = self._watch()
+            self._stop_load()
+            self._report(converged)
+            return 0 if converged else 1
+        except KeyboardInterrupt:
+            self.say("interrupted: stopping everything")
+            return 130
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        self._stop_load()
+        if self.operator is not None and self.operator.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.operator.pid, signal.SIGTERM)
+            try:
+                self.operator.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.operator.pid, signal.SIGKILL)
+                self.operator.wait(5)
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+
+    def _endpoints(self) -> list[tuple[str, str]]:
+        return self.cluster.endpoints(NAMESPACE, NAME) if self.cluster is not None else []
+
+    def _start_operator(self, workdir: Path) -> None:
+        assert self.cluster is not None
+        cmd = [
+            sys.executable, "-m", "vllm_autotuner.cli", "run",
+            "--kubeconfig", str(self.cluster.kubeconfig),
+            "--prometheus-url", self.cluster.prometheus_url,
+            "--prometheus-rate-scale", str(self.config.time_scale),
+            "--reconcile-interval", f"{self.config.reconcile_interval_s}s",
+            "--liveness-port", "0",
+            "--metrics-port", "0",
+        ]  # fmt: skip
+        log = (workdir / "operator.log").open("wb")
+        self.operator = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.say(f"operator started (pid {self.operator.pid}); log: {workdir / 'operator.log'}")
+
+    def _api(self, method: str, path: str, body: Any = None) -> Any:
+        assert self.cluster is not None
+        r = requests.request(method, self.cluster.url + path, json=body, timeout=10)
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        return r.json()
+
+    def _apply(self) -> None:
+        self._api("POST", POLICY_PATH, DEMO_POLICY)
+        self._api("POST", CR_PATH, DEMO_DEPLOYMENT)
+        slo = DEMO_POLICY["spec"]["slo"]
+        self.say(
+            f"applied VLLMTuningPolicy demo (TTFT p95 <= {slo['ttft']['thresholdMs']} ms, "
+            f"ITL p95 <= {slo['itl']['thresholdMs']} ms) and VLLMDeployment {NAME} "
+            f"({DEMO_DEPLOYMENT['spec']['model']} on a simulated H100, mode Auto)"
+        )
+
+    # ------------------------------------------------------------------------ traffic
+
+    def _wait_for_pods(self, timeout_s: float = 120.0) -> None:
+        """Traffic starts once the Service has an endpoint, as a client would see it."""
+        deadline = time.monotonic() + timeout_s
+        while not self._endpoints():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no pod of {NAME} became ready within {timeout_s:.0f}s")
+            if self.operator is not None and self.operator.poll() is not None:
+                raise RuntimeError("the operator exited; see operator.log")
+            time.sleep(0.5)
+        self.say(f"{NAME} is serving: {', '.join(p for p, _ in self._endpoints())}")
+
+    def _start_load(self) -> None:
+        from vllm_sim.loadgen import run_http
+        from vllm_sim.workload import WorkloadSpec
+
+        cfg = self.config
+        horizon_wall = cfg.max_minutes * 60.0
+        spec = WorkloadSpec.preset(cfg.workload, cfg.rate, horizon_wall * cfg.time_scale, seed=1)
+        assert self.proxy is not None
+        url = self.proxy.url
+
+        def main() -> None:
+            async def body() -> None:
+                self._load_loop = asyncio.get_running_loop()
+                self._load_task = asyncio.ensure_future(
+                    run_http(
+                        url,
+                        spec,
+                        model=DEMO_DEPLOYMENT["spec"]["model"],
+                        time_scale=cfg.time_scale,
+                        duration=horizon_wall,
+                        timeout=horizon_wall + 120,
+                        concurrency=256,
+                    )
+                )
+                try:
+                    self.load_result = await self._load_task
+                except asyncio.CancelledError:
+                    pass
+                except Exception as exc:  # shown, not swallowed: the demo is pointless without
+                    self.say(f"the load generator failed: {type(exc).__name__}: {exc}")
+
+            asyncio.run(body())
+
+        self._load_thread = threading.Thread(target=main, name="demo-load", daemon=True)
+        self._load_thread.start()
+        self.say(
+            f"sending '{cfg.workload}' traffic: {cfg.rate:g} req/s of simulated time "
+            f"({cfg.rate * cfg.time_scale:g} req/s wall) through the Service"
+        )
+
+    def _stop_load(self) -> None:
+        if self._load_loop is not None and self._load_task is not None:
+            with contextlib.suppress(RuntimeError):
+                self._load_loop.call_soon_threadsafe(self._load_task.cancel)
+        if self._load_thread is not None:
+            self._load_thread.join(30)
+            self._load_thread = None
+
+    # ------------------------------------------------------------------------ watching
+
+    def _sample(self) -> dict[str, Any]:
+        obj = self._api("GET", f"{CR_PATH}/{NAME}") or {}
+        status = dict(obj.get("status") or {})
+        tuning = dict(status.get("tuning") or {})
+        observed = dict(status.get("observed") or {})
+        applied = tuning.get("applied") or {}
+        knobs = (
+            f"mnbt={applied.get('maxNumBatchedTokens')},mns={applied.get('maxNumSeqs')},"
+            f"gmu={applied.get('gpuMemoryUtilization')}"
+            if applied
+            else None
+        )
+        self.timeline.samples.append(
+            Sample(
+                t=time.monotonic() - self.started,
+                phase=tuning.get("phase"),
+                knobs=knobs,
+                ttft_p95=observed.get("ttftP95Ms"),
+                itl_p95=observed.get("itlP95Ms"),
+                kv=observed.get("kvCacheUsage"),
+                rate=observed.get("requestRate"),
+                slo_met=_condition(status, "SLOMet").get("status"),
+                ready=_condition(status, "Ready").get("status"),
+            )
+        )
+        return status
+
+    def _watch(self) -> bool:
+        cfg = self.config
+        deadline = self.started + cfg.max_minutes * 60.0
+        last_reason = None
+        last_line = 0.0
+        committed_at: float | None = None
+        while time.monotonic() < deadline:
+            if self.operator is not None and self.operator.poll() is not None:
+                self.say(f"the operator exited with code {self.operator.returncode}")
+                return False
+            status = self._sample()
+            tuning = dict(status.get("tuning") or {})
+            decision = tuning.get("lastDecision") or {}
+            reason = decision.get("reason")
+            if reason and reason != last_reason:
+                last_reason = reason
+                t = time.monotonic() - self.started
+                self.timeline.decisions.append((t, str(decision.get("action")), reason))
+                self.say(f"decision: {decision.get('action')}: {reason}")
+            now = time.monotonic()
+            if now - last_line >= 10:
+                last_line = now
+                s = self.timeline.samples[-1]
+                slo = DEMO_POLICY["spec"]["slo"]
+
+                def ms(v: float | None) -> str:
+                    return "  n/a " if v is None else f"{v:6.1f}"
+
+                self.say(
+                    f"phase={s.phase or '-':10s} {s.knobs or '-'}  "
+                    f"TTFT p95 {ms(s.ttft_p95)} ms (<= {slo['ttft']['thresholdMs']})  "
+                    f"ITL p95 {ms(s.itl_p95)} ms (<= {slo['itl']['thresholdMs']})  "
+                    f"KV {'n/a' if s.kv is None else f'{100 * s.kv:.0f}%'}  "
+                    f"SLO met: {s.slo_met or 'Unknown'}  Ready: {s.ready or '-'}"
+                )
+            trials = tuning.get("trials") or []
+            if committed_at is None and any(t.get("outcome") == "Committed" for t in trials):
+                committed_at = now
+                self.say("a trial was committed; watching the SLO settle")
+            if committed_at is not None and now - committed_at >= cfg.settle_after_commit_s:
+                met = _condition(status, "SLOMet").get("status") == "True"
+                if met and tuning.get("phase") not in ("RollingOut", "Verifying"):
+                    return True
+            time.sleep(2.0)
+        self.say("time is up")
+        return committed_at is not None
+
+    # ------------------------------------------------------------------------ report
+
+    def _report(self, converged: bool) -> None:
+        from vllm_autotuner.local.demo_report import write_report
+
+        final = self._api("GET", f"{CR_PATH}/{NAME}") or {}
+        events = self._api(
+            "GET",
+            f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector=involvedObject.name%3D{NAME}",
+        ) or {"items": []}
+        paths = write_report(
+            self.config.out,
+            self.timeline,
+            final,
+            events.get("items", []),
+            DEMO_POLICY,
+            converged,
+            self.proxy,
+        )
+        self.say(("converged" if converged else "did NOT converge") + f"; report: {paths[0]}")
+        for p in paths[1:]:
+            self.say(f"  plot: {p}")
+
+
+def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:
+    demo = Demo(config, out)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return demo.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def dump_json(timeline: Timeline) -> str:
+    return json.dumps(
+        {
+            "samples": [s.__dict__ for s in timeline.samples],
+            "decisions": timeline.decisions,
+            "written": datetime.now(tz=UTC).isoformat(),
+        },
+        indent=1,
+    )
+
+
+__all__: list[str] = ["DEMO_DEPLOYMENT", "DEMO_POLICY", "DemoConfig", "run_demo"]
