@@ -13,6 +13,7 @@ from pathlib import Path
 from bench.fidelity.report import compare, fit_client_overhead, markdown, to_json
 from vllm_sim.replay import CLIENT, replay
 from vllm_sim.runs import calibration_runs_path, load_runs
+from vllm_sim.steptime import CALIBRATION
 
 QUICK_STAGE_S = 150.0
 
@@ -42,7 +43,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="choose the client overhead that minimises the median TTFT error, and use it",
     )
+    p.add_argument(
+        "--set",
+        default="",
+        metavar="NAME=VALUE,...",
+        help="override step-time constants (vllm_sim.steptime.Calibration fields) for this run",
+    )
     args = p.parse_args(argv)
+    calibration = None
+    if args.set:
+        overrides = dict(kv.split("=", 1) for kv in args.set.split(","))
+        unknown = [k for k in overrides if not hasattr(CALIBRATION, k)]
+        if unknown:
+            print(f"unknown Calibration fields: {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        calibration = replace(CALIBRATION, **{k: float(v) for k, v in overrides.items()})
+        print(f"calibration: {calibration}", file=sys.stderr)
     files = args.runs_files or [calibration_runs_path()]
     runs = [r for f in files for r in load_runs(f) if args.only in r.id]
     if not runs:
@@ -59,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
         max_stage_s = QUICK_STAGE_S if args.quick and not run.overloaded else None
         show = progress if sys.stderr.isatty() else None
-        result = replay(run, args.seed, client, max_stage_s, show)
+        result = replay(run, args.seed, client, max_stage_s, show, calibration)
         print(
             f"\r{label} {len(result.records)} requests in {result.wall_s:.1f} s",
             file=sys.stderr,

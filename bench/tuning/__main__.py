@@ -21,9 +21,9 @@ def _one(args: tuple[str, tuple[str, ...], bool, str, float | None]) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tuning", description=__doc__)
     p.add_argument("files", nargs="+", help="scenario YAML files (bench/scenarios/*.yaml)")
-    p.add_argument("--out", default="bench/out/tuning", help="output directory")
+    p.add_argument("--out", default="bench/results/tuning", help="output directory")
     p.add_argument("--methods", nargs="+", default=None, help=f"subset of {ALL_METHODS}")
-    p.add_argument("--quick", action="store_true", help="2 h horizon, 30-trial budgets only")
+    p.add_argument("--quick", action="store_true", help="1 h horizon, 30-trial budgets only")
     p.add_argument("--jobs", type=int, default=2, help="scenarios run in parallel processes")
     p.add_argument("--model", choices=("analytic", "engine"), default="analytic",
                    help="the operator's performance model (its --performance-model)")  # fmt: skip

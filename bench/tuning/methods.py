@@ -37,9 +37,9 @@ from bench.tuning.promsim import SimTransport
 from bench.tuning.scenario import Scenario
 from bench.tuning.truth import (
     Truth,
-    benchmark_capacity,
     engine_config,
     judge,
+    knob_key,
     oom_hazard,
     starts,
 )
@@ -142,55 +142,61 @@ class Space:
 # -------------------------------------------------------------------------------- oracle
 
 
-def oracle_grid(
-    s: Scenario,
-) -> tuple[list[Knobs], Callable[[list[tuple[Knobs, float]]], list[Knobs]]]:
-    """Stage 1: every (mnbt, mns) pair of a fine grid at the highest gpu_memory_utilization of
-    the bounds (on a 0.01 grid) that the hidden reality lets run (the oracle may read the
-    truth); stage 2, given stage 1's results: the best 3 pairs at every 0.01 of
-    gpu_memory_utilization. More KV cache never lowers capacity in the simulator, so stage 1
-    finds the best pair and stage 2 checks the memory knob around it."""
+def _levels(lo: float, hi: float, base: tuple[int, ...]) -> list[int]:
+    out = {v for v in base if lo <= v <= hi} | {int(lo), int(hi)}
+    return sorted(out)
+
+
+def oracle_configs(s: Scenario, truth: Truth, progress: Callable[[str], None]) -> list[Knobs]:
+    """The oracle's grid, in three stages on the ground truth (it may read the hidden reality):
+
+    1. every valid (mnbt, mns) pair of powers of two inside the bounds, at the highest
+       gpu_memory_utilization (0.01 grid) the reality lets run without the OOM hazard;
+    2. around the best 2 pairs, the √2-finer neighbours (mnbt in multiples of 64, mns of 8);
+    3. for the best pair, every 0.01 of gpu_memory_utilization inside the bounds.
+
+    More KV cache never lowers capacity in the simulator, so the highest safe value is where
+    a pair shows its best; stage 3 confirms it.
+    """
     b = s.bounds
-    mnbts = [v for v in (256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
-             if b.mnbt.min <= v <= b.mnbt.max]  # fmt: skip
-    mnss = [v for v in (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-            if b.mns.min <= v <= b.mns.max]  # fmt: skip
-    for lst, kb in ((mnbts, b.mnbt), (mnss, b.mns)):
-        for edge in (int(kb.min), int(kb.max)):
-            if edge not in lst:
-                lst.append(edge)
-        lst.sort()
-    gmus = [round(g, 2) for g in np.arange(b.gmu.min, b.gmu.max + 1e-9, 0.01)]
-    if round(b.gmu.max, 2) not in gmus:
-        gmus.append(round(b.gmu.max, 2))
+    mnbts = _levels(b.mnbt.min, b.mnbt.max, tuple(2**i for i in range(6, 16)))
+    mnss = _levels(b.mns.min, b.mns.max, tuple(2**i for i in range(3, 12)))
+    gmus = [round(float(g), 2) for g in np.arange(b.gmu.min, b.gmu.max + 1e-9, 0.01)]
 
     def top_safe(t: int, n: int) -> float:
         safe = [g for g in gmus if not oom_hazard(s, Knobs(t, n, g))]
         return max(safe) if safe else gmus[0]
 
-    stage1 = [Knobs(t, n, top_safe(t, n)) for t in mnbts for n in mnss if t >= n]
+    seen: dict[str, tuple[Knobs, float]] = {}
 
-    def stage2(results: list[tuple[Knobs, float]]) -> list[Knobs]:
-        ranked = sorted(results, key=lambda kc: -kc[1])[:3]
-        return [
-            Knobs(k.max_num_batched_tokens, k.max_num_seqs, g)
-            for k, _ in ranked
-            for g in gmus
-            if not math.isclose(g, k.gpu_memory_utilization)
-        ]
+    def evaluate(ks: list[Knobs]) -> None:
+        for k in ks:
+            if k.max_num_batched_tokens >= k.max_num_seqs and b.contains(k):
+                seen.setdefault(knob_key(k), (k, truth.capacity(k)))
 
-    return stage1, stage2
+    evaluate([Knobs(t, n, top_safe(t, n)) for t in mnbts for n in mnss])
+    progress(f"oracle stage 1: {len(seen)} configs")
+    ranked = sorted(seen.values(), key=lambda kc: -kc[1])[:2]
+    finer = []
+    for k, _ in ranked:
+        for ft in (2**-0.5, 1.0, 2**0.5):
+            for fn in (2**-0.5, 1.0, 2**0.5):
+                t = int(round(k.max_num_batched_tokens * ft / 64) * 64)
+                n = int(round(k.max_num_seqs * fn / 8) * 8)
+                t = int(min(max(t, b.mnbt.min), b.mnbt.max))
+                n = int(min(max(n, b.mns.min), b.mns.max))
+                finer.append(Knobs(t, n, top_safe(t, n)))
+    evaluate(finer)
+    best = max(seen.values(), key=lambda kc: kc[1])[0]
+    evaluate([Knobs(best.max_num_batched_tokens, best.max_num_seqs, g) for g in gmus])
+    progress(f"oracle stages 2-3: {len(seen)} configs")
+    return [k for k, _ in seen.values()]
 
 
 def run_oracle(s: Scenario, truth: Truth, progress: Callable[[str], None]) -> tuple[Knobs, float]:
-    stage1, stage2 = oracle_grid(s)
-    results = [(k, truth.capacity(k)) for k in stage1]
-    progress(f"oracle stage 1: {len(stage1)} configs")
-    more = stage2(results)
-    results += [(k, truth.capacity(k)) for k in more]
+    configs = oracle_configs(s, truth, progress)
     truth.save()
-    best = max(results, key=lambda kc: kc[1])
-    return best
+    return max(((k, truth.capacity(k)) for k in configs), key=lambda kc: kc[1])
 
 
 # ----------------------------------------------------------------------------- auto_tune
@@ -274,15 +280,22 @@ def auto_tune(s: Scenario, progress: Callable[[str], None]) -> Tuning:
 # ----------------------------------------------------------------------- random and BO
 
 
-def _trial(s: Scenario, k: Knobs, seed: int, guess: float) -> tuple[float | None, bool, float]:
-    bench = benchmark_capacity(s, k, seed, requests=300, guess=guess)
+BENCH_REQUESTS = 500  # per benchmark run of a search trial (SCOOT: 1000 at a fixed rate)
+
+
+def _trial(
+    s: Scenario, truth: Truth, k: Knobs, seed: int, guess: float
+) -> tuple[float | None, bool, float]:
+    bench = truth.benchmark(k, seed, BENCH_REQUESTS, guess)
     seconds = s.load_time_s + bench.seconds
     if not bench.started or bench.crashed:
         return None, True, seconds
     return bench.capacity, False, seconds
 
 
-def random_search(s: Scenario, n: int, seed: int, progress: Callable[[str], None]) -> Tuning:
+def random_search(
+    s: Scenario, truth: Truth, n: int, seed: int, progress: Callable[[str], None]
+) -> Tuning:
     space = Space(s.bounds)
     rng = np.random.default_rng(seed)
     t = 0.0
@@ -291,7 +304,7 @@ def random_search(s: Scenario, n: int, seed: int, progress: Callable[[str], None
     guess = max(0.5, s.peak_rate_per_replica())
     for i in range(n):
         k = space.knobs(rng.random(3))
-        value, failed, secs = _trial(s, k, seed * 100 + i, guess)
+        value, failed, secs = _trial(s, truth, k, seed * 100 + i, guess)
         t += secs
         out.trial_crashes += int(failed)
         if value is not None and value > 0 and (best is None or value > best[0]):
@@ -370,7 +383,9 @@ def feasibility(x: np.ndarray, ok: np.ndarray, xs: np.ndarray, k: int = 5) -> np
     return out
 
 
-def bayes_opt(s: Scenario, n: int, seed: int, progress: Callable[[str], None]) -> Tuning:
+def bayes_opt(
+    s: Scenario, truth: Truth, n: int, seed: int, progress: Callable[[str], None]
+) -> Tuning:
     space = Space(s.bounds)
     rng = np.random.default_rng(seed)
     out = Tuning("bo", vllm_defaults(s))
@@ -405,7 +420,7 @@ def bayes_opt(s: Scenario, n: int, seed: int, progress: Callable[[str], None]) -
             allowed = feas >= delta
             score = np.where(allowed, ei, -np.inf) if allowed.any() else ei * feas
             k = space.knobs(cand[int(np.argmax(score))])
-        value, failed, secs = _trial(s, k, seed * 100 + i, guess)
+        value, failed, secs = _trial(s, truth, k, seed * 100 + i, guess)
         t += secs
         xs.append(space.unit(k))
         ys.append(None if failed else (value or 0.0))
@@ -471,6 +486,8 @@ def run_ours(
     trace = OursTrace()
     out = Tuning("ours", start)
     rollbacks = 0
+    pending: Knobs | None = None
+    crashes_seen = 0
     t = 0.0
     try:
         while t < world.horizon - 1e-9:
@@ -500,16 +517,20 @@ def run_ours(
             if decision.action not in ("hold", "verify"):
                 trace.actions.append((t, decision.action, decision.reason))
                 progress(f"ours t={t / 60:.0f}m {decision.action}: {decision.reason[:110]}")
-            if decision.action in ("commit", "rollback"):
+            if decision.action == "rollout":
+                pending = state.applied
+            if decision.action in ("commit", "rollback") and pending is not None:
                 rollbacks += int(decision.action == "rollback")
+                failed = decision.action == "rollback" and world.crashes > crashes_seen
                 n = len(out.trials) + 1
-                inc = state.last_good
-                cand = state.trials[-1].knobs if state.trials else inc
-                out.trials.append(TrialPoint(n, cand, t, None, False, inc))
+                out.trials.append(TrialPoint(n, pending, t, None, failed, state.last_good))
+                pending, crashes_seen = None, world.crashes
             if decision.knobs_to_apply is not None:
                 world.apply(decision.knobs_to_apply)
     finally:
         loop.close()
+    if pending is not None:  # a trial still running at the horizon counts as a trial
+        out.trials.append(TrialPoint(len(out.trials) + 1, pending, t, None, False, state.last_good))
     out.final = state.last_good
     out.tuning_s = world.horizon
     return out, trace, rollbacks

@@ -72,7 +72,7 @@ def run_scenario(
 
     horizon = float(horizon_s if horizon_s is not None else s.horizon_s)
     if quick and horizon_s is None:
-        horizon = min(horizon, 7200.0)
+        horizon = min(horizon, 3600.0)
     truth = Truth(s)
     oracle_k, oracle_cap = m.run_oracle(s, truth, progress)
     progress(f"oracle {oracle_k.describe()}: {oracle_cap:.2f} req/s per replica")
@@ -84,13 +84,13 @@ def run_scenario(
     want_random = [x for x in methods if x.startswith("random")]
     if want_random:
         n = max(int(x[len("random") :]) for x in want_random)
-        full = m.random_search(s, n, s.seed + 101, progress)
+        full = m.random_search(s, truth, n, s.seed + 101, progress)
         for x in want_random:
             tunings[x] = m.prefix(full, int(x[len("random") :]), x)
     want_bo = [x for x in methods if x.startswith("bo")]
     if want_bo:
         n = max(int(x[len("bo") :]) for x in want_bo)
-        full = m.bayes_opt(s, n, s.seed + 202, progress)
+        full = m.bayes_opt(s, truth, n, s.seed + 202, progress)
         for x in want_bo:
             tunings[x] = m.prefix(full, int(x[len("bo") :]), x)
 

@@ -54,6 +54,12 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=argparse.SUPPRESS,  # simulated fleets only: vllm-sim's --sim-time-scale
     )
     p.add_argument(
+        "--prometheus-min-window",
+        type=parse_duration,
+        default=60.0,
+        help="shortest window of a new revision worth judging (at least two scrapes)",
+    )
+    p.add_argument(
         "--performance-model",
         choices=["analytic", "engine"],
         default="analytic",
@@ -264,6 +270,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prometheus_bearer_token_file=args.prometheus_bearer_token_file,
         prometheus_ca_file=args.prometheus_ca_file,
         prometheus_rate_scale=args.prometheus_rate_scale,
+        prometheus_min_window_s=args.prometheus_min_window,
         metrics_port=args.metrics_port or None,
         performance_model=args.performance_model,
         standalone=args.peering is None,

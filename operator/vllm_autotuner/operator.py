@@ -52,6 +52,7 @@ class OperatorConfig:
     prometheus_bearer_token_file: str | None = None
     prometheus_ca_file: str | None = None
     prometheus_rate_scale: float = 1.0  # only for simulated fleets (vllm-sim --sim-time-scale)
+    prometheus_min_window_s: float = 60.0
     metrics_port: int | None = None
     performance_model: str = "analytic"  # or "engine": vllm-sim's engine, CPU-heavier
     standalone: bool = True
@@ -101,6 +102,7 @@ def build_registry(
             bearer_token_file=config.prometheus_bearer_token_file,
             ca_file=config.prometheus_ca_file,
             rate_scale=config.prometheus_rate_scale,
+            min_window_s=config.prometheus_min_window_s,
         )
         if config.prometheus_url
         else None

@@ -43,16 +43,16 @@ DEMO_POLICY: dict[str, Any] = {
     "spec": {
         "slo": {
             "ttft": {"percentile": 95, "thresholdMs": 1000},
-            "itl": {"percentile": 95, "thresholdMs": 30},
+            "itl": {"percentile": 95, "thresholdMs": 25},
         },
         "rollout": {
-            "minInterval": "1m",
+            "minInterval": "30s",
             "maxPerDay": 100,
-            "verifyWindow": "90s",
+            "verifyWindow": "45s",
             "readyTimeout": "2m",
         },
         "minRequestsPerWindow": 50,
-        "evaluationWindow": "60s",
+        "evaluationWindow": "30s",
     },
 }
 
@@ -183,6 +183,7 @@ class Demo:
             "--kubeconfig", str(self.cluster.kubeconfig),
             "--prometheus-url", self.cluster.prometheus_url,
             "--prometheus-rate-scale", str(self.config.time_scale),
+            "--prometheus-min-window", "30s",
             "--reconcile-interval", f"{self.config.reconcile_interval_s}s",
             "--liveness-port", "0",
             "--metrics-port", "0",
@@ -304,7 +305,7 @@ class Demo:
     def _watch(self) -> bool:
         cfg = self.config
         deadline = self.started + cfg.max_minutes * 60.0
-        last_reason = None
+        last_said: tuple[str, str] | None = None
         last_line = 0.0
         committed_at: float | None = None
         while time.monotonic() < deadline:
@@ -315,11 +316,14 @@ class Demo:
             tuning = dict(status.get("tuning") or {})
             decision = tuning.get("lastDecision") or {}
             reason = decision.get("reason")
-            if reason and reason != last_reason:
-                last_reason = reason
+            action = str(decision.get("action"))
+            key = (action, str(tuning.get("phase")))
+            if reason and key != last_said:
+                # One line per change of what the tuner is doing, not per repeated hold.
+                last_said = key
                 t = time.monotonic() - self.started
-                self.timeline.decisions.append((t, str(decision.get("action")), reason))
-                self.say(f"decision: {decision.get('action')}: {reason}")
+                self.timeline.decisions.append((t, action, reason))
+                self.say(f"decision: {action}: {reason}")
             now = time.monotonic()
             if now - last_line >= 10:
                 last_line = now
@@ -346,7 +350,8 @@ class Demo:
                     return True
             time.sleep(2.0)
         self.say("time is up")
-        return committed_at is not None
+        last = self.timeline.samples[-1] if self.timeline.samples else None
+        return committed_at is not None and last is not None and last.slo_met == "True"
 
     # ------------------------------------------------------------------------ report
 
