@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint typecheck unit integration crds bench prometheus clean
+.PHONY: demo test test-all e2e lint typecheck crds bench prometheus clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 (Debian: apt-get install python3.11 python3.11-venv)"; exit 1; }
@@ -33,6 +33,13 @@ test: $(STAMP) prometheus lint typecheck
 
 test-all: $(STAMP) prometheus
 	$(BIN)/pytest -q -m ''
+
+# The closed loop on the one-machine cluster (several minutes per scenario).
+e2e: $(STAMP) prometheus
+	$(BIN)/pytest -q e2e -m e2e
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.tuning bench/scenarios/*.yaml --out bench/results/tuning
 
 crds: $(STAMP)
 	$(BIN)/vllm-autotuner crds --out crds

@@ -35,9 +35,10 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     rows = []
     for r in results:
         oracle = r["oracle"]
+        grid = oracle.get("grid_size", "")
         rows.append(
             f"| {r['scenario']} | oracle | {_knobs(oracle['knobs'])} | 1.000 "
-            f"({oracle['capacity']:.2f}/replica) | | | | | | | | |"
+            f"(= {oracle['capacity']:.2f} req/s/replica) | | {grid} (grid) | | | | | | |"
         )
         for name, v in r["methods"].items():
             ratio = "n/a" if v["ratio"] is None else f"{v['ratio']:.3f}"

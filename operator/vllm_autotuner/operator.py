@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -221,17 +222,25 @@ def build_registry(
         policy = _first(indexes["policy_index"], ref)
         if policy is not None:
             policies[ref] = policy
-        outcome = await controller.reconcile(
-            body,
-            policies=policies,
-            namespace_labels=ns_labels,
-            children={
-                "Deployment": _first(indexes["deployment_index"], key),
-                "Service": _first(indexes["service_index"], key),
-                **(known_children or {}),
-            },
-            pods=_all(indexes["pod_index"], key),
-        )
+        started = time.perf_counter()
+        try:
+            outcome = await controller.reconcile(
+                body,
+                policies=policies,
+                namespace_labels=ns_labels,
+                children={
+                    "Deployment": _first(indexes["deployment_index"], key),
+                    "Service": _first(indexes["service_index"], key),
+                    **(known_children or {}),
+                },
+                pods=_all(indexes["pod_index"], key),
+            )
+        except Exception:
+            # kopf retries the handler; the counter is what alerts see (docs/operations.md).
+            metrics.reconcile_errors.labels(meta.get("namespace"), meta.get("name")).inc()
+            raise
+        finally:
+            metrics.reconcile_duration.observe(time.perf_counter() - started)
         for event in outcome.events:
             poster = kopf.warn if event.type == "Warning" else kopf.info
             poster(cast(Any, dict(body)), reason=event.reason, message=event.message)
