@@ -146,6 +146,18 @@ class Scenario:
     key: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict)
 
+    def truth_key(self) -> str:
+        """Hash of what ground truth depends on (not traffic level, horizon, policy, replicas):
+        retuning a scenario's traffic keeps its cached oracle."""
+        shape = {k: v for k, v in self.workload.items() if k not in ("rate", "burstiness")}
+        fields = {
+            k: self.raw.get(k)
+            for k in ("model", "gpu", "tensor_parallel_size", "max_model_len", "slo", "reality",
+                      "truth", "bounds")
+        }  # fmt: skip
+        text = json.dumps({"shape": shape, **fields}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
     def deployment_workload(self, horizon_s: float | None = None) -> WorkloadSpec:
         """The live traffic of the whole deployment over the horizon."""
         d = dict(self.workload)

@@ -204,7 +204,7 @@ class Truth:
 
     def __init__(self, scenario: Scenario, cache_dir: Path | None = CACHE_DIR) -> None:
         self.s = scenario
-        self.path = None if cache_dir is None else cache_dir / f"truth-{scenario.key}.json"
+        self.path = None if cache_dir is None else cache_dir / f"truth-{scenario.truth_key()}.json"
         self.values: dict[str, float] = {}
         self.benchmarks: dict[str, list[float]] = {}
         self.evaluations = 0
@@ -215,7 +215,7 @@ class Truth:
                 self.benchmarks = {str(a): list(b) for a, b in raw.get("benchmarks", {}).items()}
             except (ValueError, OSError, AttributeError):
                 self.values, self.benchmarks = {}, {}
-        self._guess = max(0.5, scenario.peak_rate_per_replica())
+        self._guess: float | None = None
 
     def capacity(self, k: Knobs) -> float:
         key = knob_key(k)
@@ -226,13 +226,29 @@ class Truth:
             cap = 0.0
         else:
             cap, _, crashed = search_capacity(
-                self.s, k, self.s.truth_requests, self.s.truth_seed, self._guess, PRECISION
+                self.s, k, self.s.truth_requests, self.s.truth_seed, self.start_rate(), PRECISION
             )
             cap = 0.0 if crashed else cap
-            if cap > 0:
-                self._guess = cap
         self.values[key] = cap
         return cap
+
+    def start_rate(self) -> float:
+        """Where every capacity search starts, so that a result never depends on the order
+        of evaluations: 1 req/s, or the capacity found there for the first config evaluated
+        (remembered in the cache)."""
+        if self._guess is None:
+            stored = self.values.get("start-rate")
+            if stored is None:
+                probe = Knobs(
+                    int(self.s.bounds.mnbt.max), int(self.s.bounds.mns.min), self.s.bounds.gmu.min
+                )
+                cap, _, _ = search_capacity(
+                    self.s, probe, self.s.truth_requests, self.s.truth_seed, 1.0, 1.1
+                )
+                stored = max(0.25, cap)
+                self.values["start-rate"] = stored
+            self._guess = stored
+        return self._guess
 
     def benchmark(self, k: Knobs, seed: int, requests: int, guess: float) -> Benchmark:
         """`benchmark_capacity`, remembered: it is deterministic given its seeds."""

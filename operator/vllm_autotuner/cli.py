@@ -170,7 +170,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     try:
         advice = recommend(request)
     except PrometheusError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: cannot query Prometheus at {args.prometheus}: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

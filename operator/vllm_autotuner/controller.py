@@ -200,12 +200,14 @@ class Controller:
                 await self.kube.apply(manifest)
                 outcome.applied.append(kind)
         if "Deployment" in outcome.applied:
-            verb = "Created" if children.get("Deployment") is None else "Updated"
             outcome.events.append(
-                Event(
-                    "Normal",
-                    f"Deployment{verb}",
-                    f"{verb} Deployment {name} with {render.knob_label(knobs)}",
+                _deployment_event(
+                    name,
+                    generation,
+                    knobs,
+                    desired["Deployment"],
+                    children.get("Deployment"),
+                    previous,
                 )
             )
 
@@ -374,6 +376,47 @@ class Controller:
         path = resource_path(API_VERSION, "vllmdeployments", namespace, name)
         await self.kube.merge_patch(path, {"status": patch}, subresource="status")
         outcome.status_written = True
+
+
+def _deployment_event(
+    name: str,
+    generation: int | None,
+    knobs: Knobs,
+    desired: Mapping[str, Any],
+    live: Mapping[str, Any] | None,
+    previous: Mapping[str, Any],
+) -> Event:
+    """Say why the Deployment was written: created, updated by us, or restored after someone
+    else changed or deleted it (a Warning: a hand edit that keeps being undone needs a person).
+
+    The change is ours when the spec moved on (a generation not yet observed) or the tuner
+    chose other knobs than the status says are applied; anything else is drift.
+    """
+    label = render.knob_label(knobs)
+    observed = previous.get("observedGeneration")
+    meta = (live or {}).get("metadata") or {}
+    applied = _knobs_from_status((previous.get("tuning") or {}).get("applied"))
+    ours = (
+        observed is None or observed != generation or applied is None or not applied.same_as(knobs)
+    )
+    if live is None:
+        if ours:
+            return Event("Normal", "DeploymentCreated", f"Created Deployment {name} with {label}")
+        return Event(
+            "Warning",
+            "DeploymentRestored",
+            f"Deployment {name} was deleted by someone else; re-created with {label}",
+        )
+    if ours or meta.get("deletionTimestamp"):
+        return Event("Normal", "DeploymentUpdated", f"Updated Deployment {name} with {label}")
+    fields = render.drift_paths(dict(desired), dict(live))
+    shown = ", ".join(fields[:5]) + (f" and {len(fields) - 5} more" if len(fields) > 5 else "")
+    return Event(
+        "Warning",
+        "DeploymentRestored",
+        f"Deployment {name} was changed by someone else ({shown or 'unknown fields'}); "
+        f"restored to {label}",
+    )
 
 
 def previous_reason(status: Mapping[str, Any], cond_type: str) -> str | None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import aiohttp
 import kopf
 
 from vllm_autotuner import (
@@ -27,7 +28,7 @@ from vllm_autotuner import (
     MANAGED_BY_VALUE,
     VERSION,
 )
-from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials, resource_path
+from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials, KubeError, resource_path
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.prometheus import PrometheusSource
 from vllm_autotuner.controller import Controller, Outcome, policy_status_patch
@@ -83,6 +84,23 @@ def model_factory(config: OperatorConfig) -> Callable[[DeploymentContext], Perfo
     return lambda ctx: AnalyticModel(ctx.gpu_product)
 
 
+# What a reconcile may fail with that the next attempt can fix: API errors (409 conflicts,
+# 5xx, 429), connection errors and request timeouts.
+RETRIABLE = (KubeError, aiohttp.ClientError, TimeoutError)
+
+
+def retry_delay(failures: int, interval_s: float) -> float:
+    """Seconds before retrying a reconcile that failed `failures` times in a row.
+
+    kopf's default for a failed handler is a flat 60 s, which leaves a 409 unresolved for a
+    minute; doubling from a quarter of the interval (at most 1 s) retries a conflict at once
+    with fresh state, backs off from a struggling API server, and never waits longer than
+    the reconcile interval itself.
+    """
+    base = min(1.0, interval_s / 4)
+    return float(min(interval_s, base * 2 ** max(0, min(failures, 30) - 1)))
+
+
 def _all(index: Any, key: Any) -> list[Any]:
     try:
         return list(index[key])
@@ -115,6 +133,7 @@ def build_registry(
     )
     stop_observing = asyncio.Event()
     background: list[asyncio.Task[None]] = []
+    failures: dict[str, int] = {}  # consecutive failed reconciles per object, for backoff
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -235,10 +254,22 @@ def build_registry(
                 },
                 pods=_all(indexes["pod_index"], key),
             )
+        except RETRIABLE as exc:
+            metrics.reconcile_errors.labels(meta.get("namespace"), meta.get("name")).inc()
+            failures[key] = failures.get(key, 0) + 1
+            delay = retry_delay(failures[key], config.reconcile_interval_s)
+            # The timer retries after `delay` with the freshest body kopf has seen; event
+            # handlers are not retried by kopf, the timer catches up for them.
+            raise kopf.TemporaryError(
+                f"reconcile failed ({type(exc).__name__}: {exc}); retry in {delay:.2f}s",
+                delay=delay,
+            ) from exc
         except Exception:
             # kopf retries the handler; the counter is what alerts see (docs/operations.md).
             metrics.reconcile_errors.labels(meta.get("namespace"), meta.get("name")).inc()
             raise
+        else:
+            failures.pop(key, None)
         finally:
             metrics.reconcile_duration.observe(time.perf_counter() - started)
         for event in outcome.events:

@@ -92,6 +92,7 @@ def recommend(req: RecommendRequest, now: datetime | None = None) -> list[Advice
         bearer_token_file=req.bearer_token_file,
         ca_file=req.ca_file,
         rate_scale=req.rate_scale,
+        min_window_s=min(60.0, req.window_s),  # the user chose the window; trust it
     )
     window = req.window_s
     targets = source.discover_targets_sync(

@@ -314,3 +314,22 @@ def drifted(desired: Any, live: Any) -> bool:
     if isinstance(desired, int | float) and isinstance(live, int | float):
         return float(desired) != float(live)
     return bool(desired != live)
+
+
+def drift_paths(desired: Any, live: Any, prefix: str = "") -> list[str]:
+    """The fields (dotted paths) where `drifted` finds a difference, for messages to people."""
+    if isinstance(desired, dict):
+        if not isinstance(live, dict):
+            return [prefix or "."]
+        found: list[str] = []
+        for key, value in desired.items():
+            found += drift_paths(value, live.get(key), f"{prefix}.{key}" if prefix else key)
+        return found
+    if isinstance(desired, list):
+        if not isinstance(live, list) or len(live) != len(desired):
+            return [prefix]
+        found = []
+        for i, (d, lv) in enumerate(zip(desired, live, strict=True)):
+            found += drift_paths(d, lv, f"{prefix}[{i}]")
+        return found
+    return [prefix] if drifted(desired, live) else []

@@ -1,0 +1,312 @@
+"""One scale run: N VLLMDeployments in M namespaces, the real operator process, measured.
+
+The operator runs as `vllm-autotuner run` in its own process (so its memory is its own, read
+from /proc/PID/status), against the in-process API emulator and the Prometheus stub. Reconcile
+durations come from the operator's own histogram on its metrics port; API writes from the
+emulator's request log; queries per cycle from the stub's log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from bench.scale.kubelet import USER_AGENT as KUBELET_AGENT
+from bench.scale.kubelet import FleetKubelet
+from bench.scale.promstub import StubPrometheus, cycles
+from vllm_autotuner.local.emulator import EmulatorServer
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER_AGENT = "bench-driver"
+GROUP_PATH = "/apis/vllm.autotuner.io/v1alpha1"
+READS = frozenset({"get", "list", "watch"})
+
+POLICY: dict[str, Any] = {
+    "apiVersion": "vllm.autotuner.io/v1alpha1",
+    "kind": "VLLMTuningPolicy",
+    "metadata": {"name": "default"},
+    "spec": {
+        "slo": {
+            "ttft": {"percentile": 95, "thresholdMs": 800},
+            "itl": {"percentile": 95, "thresholdMs": 50},
+        },
+        "minRequestsPerWindow": 50,
+    },
+}
+
+
+def deployment(index: int, namespaces: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "vllm.autotuner.io/v1alpha1",
+        "kind": "VLLMDeployment",
+        "metadata": {"name": f"llm-{index:04d}", "namespace": f"team-{index % namespaces:02d}"},
+        "spec": {
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "gpu": {"product": "H100"},
+            "tuning": {"mode": "Recommend"},
+        },
+    }
+
+
+@dataclass
+class RunResult:
+    deployments: int
+    namespaces: int
+    interval_s: float
+    converge_s: float
+    converged: int
+    reconciles_total: int
+    reconcile_p50_s: float | None
+    reconcile_p99_s: float | None
+    reconcile_mean_s: float | None
+    reconciles_over_1s: int
+    idle_reconciles: int
+    idle_p50_s: float | None
+    idle_p99_s: float | None
+    idle_mean_s: float | None
+    idle_writes: int
+    idle_writes_by_resource: dict[str, int]
+    queries_per_cycle: list[int]
+    rss_mib: float
+    hwm_mib: float
+    operator_cpu_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def profile_args(path: Path) -> list[str]:
+    """BENCH_SCALE_PROFILE=1 runs the operator under cProfile (written when it stops)."""
+    return ["-m", "cProfile", "-o", str(path)] if os.environ.get("BENCH_SCALE_PROFILE") else []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------ the operator's histogram
+
+_BUCKET = re.compile(
+    r'^vllm_autotuner_reconcile_duration_seconds_bucket\{le="([^"]+)"\}\s+(\S+)$', re.M
+)
+
+
+_SUM = re.compile(r"^vllm_autotuner_reconcile_duration_seconds_sum\s+(\S+)$", re.M)
+
+
+def scrape_histogram(port: int) -> tuple[list[tuple[float, float]], float]:
+    """Cumulative (le, count) buckets and the sum of durations."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    m = _SUM.search(text)
+    buckets = sorted((float(le), float(v)) for le, v in _BUCKET.findall(text))
+    return buckets, float(m.group(1)) if m else 0.0
+
+
+Buckets = list[tuple[float, float]]
+
+
+def delta(after: Buckets, before: Buckets) -> Buckets:
+    base = dict(before)
+    return [(le, v - base.get(le, 0.0)) for le, v in after]
+
+
+def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """histogram_quantile as Prometheus computes it (linear within a bucket); an answer in the
+    +Inf bucket is reported as the highest finite bound."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            share = (rank - lower_count) / (count - lower_count)
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def count_over(buckets: list[tuple[float, float]], threshold: float) -> int:
+    total = buckets[-1][1] if buckets else 0.0
+    at = dict(buckets).get(threshold, total)
+    return round(total - at)
+
+
+# ------------------------------------------------------------------ process memory
+
+
+def proc_memory(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) in MiB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values.get("VmRSS", 0.0), values.get("VmHWM", 0.0)
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+# ------------------------------------------------------------------ the run
+
+
+def _converged(session: requests.Session, url: str) -> int:
+    items = session.get(url + GROUP_PATH + "/vllmdeployments", timeout=60).json()["items"]
+    done = 0
+    for item in items:
+        conds = {c["type"]: c["status"] for c in (item.get("status") or {}).get("conditions", [])}
+        if conds.get("MetricsAvailable") == "True" and (item.get("status") or {}).get("observed"):
+            done += 1
+    return done
+
+
+def run_once(
+    n: int,
+    namespaces: int,
+    *,
+    interval_s: float,
+    idle_cycles: int,
+    out: Path,
+    timeout_s: float,
+    log: Any = print,
+) -> RunResult:
+    out.mkdir(parents=True, exist_ok=True)
+    namespaces = max(1, min(namespaces, n))
+    notes: list[str] = []
+    emulator = EmulatorServer(crds=REPO / "crds", max_requests_kept=2_000_000)
+    emulator.start_in_thread()
+    prom = StubPrometheus().start()
+    kubeconfig = emulator.write_kubeconfig(out / f"kubeconfig-{n}.yaml")
+    session = requests.Session()
+    session.headers["User-Agent"] = DRIVER_AGENT
+    metrics_port = free_port()
+    operator: subprocess.Popen[bytes] | None = None
+    log_file = (out / f"operator-{n}.log").open("wb")
+    try:
+        session.post(emulator.url + GROUP_PATH + "/vllmtuningpolicies", json=POLICY, timeout=30)
+        for i in range(n):
+            obj = deployment(i, namespaces)
+            path = f"{GROUP_PATH}/namespaces/{obj['metadata']['namespace']}/vllmdeployments"
+            r = session.post(emulator.url + path, json=obj, timeout=30)
+            r.raise_for_status()
+        started = time.monotonic()
+        operator = subprocess.Popen(
+            [
+                sys.executable,
+                *profile_args(out / f"operator-{n}.prof"),
+                "-m",
+                "vllm_autotuner.cli",
+                "run",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--prometheus-url",
+                prom.url,
+                "--reconcile-interval",
+                str(interval_s),
+                "--metrics-port",
+                str(metrics_port),
+                "--liveness-port",
+                "0",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+        converged = 0
+        with FleetKubelet(emulator.url, prom.pod_namespace.__setitem__):
+            deadline = started + timeout_s
+            while time.monotonic() < deadline:
+                if operator.poll() is not None:
+                    raise RuntimeError(f"the operator exited with {operator.returncode}")
+                converged = _converged(session, emulator.url)
+                if converged >= n:
+                    break
+                time.sleep(3)
+            converge_s = time.monotonic() - started
+            log(f"  {n}: {converged}/{n} converged in {converge_s:.0f}s")
+            if converged < n:
+                notes.append(f"only {converged}/{n} converged within {timeout_s:.0f}s")
+            # Let the convergence writes drain (last status patches, events) for one interval.
+            time.sleep(interval_s)
+            before, before_sum = scrape_histogram(metrics_port)
+            emulator.emulator.clear_requests()
+            prom.clear()
+            time.sleep(idle_cycles * interval_s + 1)
+            after, after_sum = scrape_histogram(metrics_port)
+            records = emulator.emulator.requests
+            hits = prom.query_hits()
+        ops = [
+            r
+            for r in records
+            if (r.user_agent or "").split("/")[0] not in (KUBELET_AGENT, DRIVER_AGENT)
+        ]
+        writes = [r for r in ops if r.verb not in READS]
+        by_resource = Counter(
+            f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''}" for r in writes
+        )
+        groups = cycles(hits)
+        per_cycle = [len(g) for g in groups]
+        idle = delta(after, before)
+        rss, hwm = proc_memory(operator.pid)
+        cpu = proc_cpu_s(operator.pid)
+        return RunResult(
+            deployments=n,
+            namespaces=namespaces,
+            interval_s=interval_s,
+            converge_s=round(converge_s, 1),
+            converged=converged,
+            reconciles_total=round(after[-1][1]) if after else 0,
+            reconcile_p50_s=quantile(0.5, after),
+            reconcile_p99_s=quantile(0.99, after),
+            reconcile_mean_s=after_sum / after[-1][1] if after and after[-1][1] else None,
+            reconciles_over_1s=count_over(after, 1.0),
+            idle_reconciles=round(idle[-1][1]) if idle else 0,
+            idle_p50_s=quantile(0.5, idle),
+            idle_p99_s=quantile(0.99, idle),
+            idle_mean_s=(after_sum - before_sum) / idle[-1][1] if idle and idle[-1][1] else None,
+            idle_writes=len(writes),
+            idle_writes_by_resource=dict(by_resource),
+            queries_per_cycle=per_cycle,
+            rss_mib=round(rss, 1),
+            hwm_mib=round(hwm, 1),
+            operator_cpu_s=round(cpu, 1),
+            notes=notes,
+        )
+    finally:
+        if operator is not None and operator.poll() is None:
+            operator.send_signal(signal.SIGTERM)
+            try:
+                operator.wait(30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait(10)
+        log_file.close()
+        prom.stop()
+        emulator.stop()
+
+
+def save(results: list[RunResult], out: Path) -> None:
+    (out / "scale.json").write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")

@@ -1,0 +1,1 @@
+"""Closed-loop end-to-end scenarios (local cluster) and the kind scripts' checks."""

@@ -1,0 +1,270 @@
+"""Helpers for the reliability tests: faulty metrics, a configurable operator, cluster reads.
+
+The reliability tests break one thing at a time (the API server, Prometheus, the pods, the
+operator process, the policy) and check that the operator never makes things worse. What they
+share lives here: a snapshot source whose failures the test switches on and off, an operator
+runner that takes a full `OperatorConfig`, "kill switches" built on the emulator's fault
+injection, and readers for the Deployment's knobs, the tuning status and the Events.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from tests.support.cluster_api import CR, CR_PATH, DEPLOYMENT_PATH, NS, Api, args_of, condition
+from tests.support.fake_fleet import SyntheticSnapshots
+from tests.support.operator_runner import OperatorThread
+from vllm_autotuner.adapters.kube import USER_AGENT, KubeCredentials
+from vllm_autotuner.adapters.promql import SnapshotTarget
+from vllm_autotuner.core.snapshot import LatencySummary, Snapshot
+from vllm_autotuner.core.tuning_types import Knobs
+from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_autotuner.local.emulator.handler import Fault, RequestRecord
+from vllm_autotuner.observer import SnapshotSource
+from vllm_autotuner.operator import OperatorConfig
+
+START = Knobs(max_num_batched_tokens=8192, max_num_seqs=256, gpu_memory_utilization=0.92)
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+def fast_policy(name: str = "default", **rollout: Any) -> dict[str, Any]:
+    """A policy whose windows are seconds long, so a whole trial fits in a test."""
+    return {
+        "apiVersion": "vllm.autotuner.io/v1alpha1",
+        "kind": "VLLMTuningPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "slo": {
+                "ttft": {"percentile": 95, "thresholdMs": 800},
+                "itl": {"percentile": 95, "thresholdMs": 50},
+            },
+            "minRequestsPerWindow": 20,
+            "evaluationWindow": "2s",
+            "rollout": {
+                "minInterval": "0s",
+                "maxPerDay": 20,
+                "verifyWindow": "2s",
+                "readyTimeout": "30s",
+                **rollout,
+            },
+        },
+    }
+
+
+def cr_with_mode(mode: str, **spec: Any) -> dict[str, Any]:
+    cr: dict[str, Any] = copy.deepcopy(CR)
+    cr["spec"]["tuning"] = {"mode": mode}
+    cr["spec"].update(spec)
+    return cr
+
+
+# ------------------------------------------------------------------------------ cluster reads
+
+
+def knobs_of(deployment: dict[str, Any] | None) -> Knobs | None:
+    """The three knobs in the Deployment's vLLM args (None when there is no Deployment)."""
+    if deployment is None:
+        return None
+    args = args_of(deployment)
+    return Knobs(
+        int(args[args.index("--max-num-batched-tokens") + 1]),
+        int(args[args.index("--max-num-seqs") + 1]),
+        float(args[args.index("--gpu-memory-utilization") + 1]),
+    )
+
+
+def live_knobs(api: Api) -> Knobs | None:
+    return knobs_of(api.get(f"{DEPLOYMENT_PATH}/llama"))
+
+
+def status_of(api: Api) -> dict[str, Any]:
+    return dict(((api.get(f"{CR_PATH}/llama") or {}).get("status")) or {})
+
+
+def tuning_of(api: Api) -> dict[str, Any]:
+    return dict(status_of(api).get("tuning") or {})
+
+
+def trials_of(api: Api) -> list[dict[str, Any]]:
+    return list(tuning_of(api).get("trials") or [])
+
+
+def cond(api: Api, cond_type: str) -> dict[str, Any]:
+    return condition(api.get(f"{CR_PATH}/llama"), cond_type) or {}
+
+
+def events(api: Api, reason: str | None = None) -> list[dict[str, Any]]:
+    """Events about the VLLMDeployment (optionally with one reason), oldest first."""
+    found = (api.get(f"/api/v1/namespaces/{NS}/events") or {}).get("items", [])
+    mine = [
+        e
+        for e in found
+        if (e.get("involvedObject") or {}).get("kind") == "VLLMDeployment"
+        and (reason is None or e.get("reason") == reason)
+    ]
+    return sorted(mine, key=lambda e: str(e["metadata"].get("resourceVersion", "")).zfill(20))
+
+
+def template_history(server: EmulatorServer) -> list[Knobs]:
+    """Every distinct pod-template knob setting the Deployment had, in order (no repeats).
+
+    A rollout is a change of the pod template's knobs; counting them from the emulator's
+    object history is what tells "one rollout" from "two" after a restart.
+    """
+    history = server.emulator.object_history("apps/v1/deployments", NS, "llama")
+    current = server.emulator.get_object("apps/v1/deployments", NS, "llama")
+    seen: list[Knobs] = []
+    for obj in [*history, *([current] if current else [])]:
+        k = knobs_of(obj)
+        if k is not None and (not seen or not seen[-1].same_as(k)):
+            seen.append(k)
+    return seen
+
+
+# ------------------------------------------------------------------------------- API faults
+
+
+def by_operator(record: RequestRecord) -> bool:
+    """A request made by the operator's own client (not by kopf's watches or the test)."""
+    return (record.user_agent or "").startswith(USER_AGENT)
+
+
+def operator_write(record: RequestRecord) -> bool:
+    return by_operator(record) and record.verb in WRITE_VERBS
+
+
+def status_patch(record: RequestRecord) -> bool:
+    return (
+        by_operator(record)
+        and record.verb == "patch"
+        and record.resource == "vllmdeployments"
+        and record.subresource == "status"
+    )
+
+
+def deployment_apply(record: RequestRecord) -> bool:
+    return (
+        by_operator(record)
+        and record.verb == "patch"
+        and record.resource == "deployments"
+        and record.content_type is not None
+        and "apply-patch" in record.content_type
+    )
+
+
+def freeze_when(
+    server: EmulatorServer,
+    trigger: Callable[[], bool],
+    which: Callable[[RequestRecord], bool] = operator_write,
+) -> Fault:
+    """From the moment `trigger()` holds, every `which` request fails with 503, forever.
+
+    This is the observable effect of killing the operator at that instant: nothing it does
+    afterwards reaches the cluster. The trigger is checked by the emulator when the request
+    arrives, so the "kill" lands exactly between two writes. Returns the fault (its `hits`
+    counts the writes that were lost).
+    """
+    armed = {"on": False}
+
+    def match(record: RequestRecord) -> bool:
+        if not which(record):
+            return False
+        if not armed["on"]:
+            armed["on"] = bool(trigger())
+        return armed["on"]
+
+    return server.emulator.inject(match, status=503, times=None, message="operator killed")
+
+
+def phase_is(server: EmulatorServer, phase: str) -> Callable[[], bool]:
+    """A trigger reading the stored status (in the emulator's own thread, without HTTP)."""
+
+    def check() -> bool:
+        obj = server.emulator.get_object("vllm.autotuner.io/v1alpha1/vllmdeployments", NS, "llama")
+        return bool(obj and ((obj.get("status") or {}).get("tuning") or {}).get("phase") == phase)
+
+    return check
+
+
+# ------------------------------------------------------------------------------ the operator
+
+
+def operator_config(
+    url: str, *, interval_s: float = 0.5, request_timeout_s: float = 5.0, **extra: Any
+) -> OperatorConfig:
+    return OperatorConfig(
+        credentials=KubeCredentials(server=url, verify=False),
+        reconcile_interval_s=interval_s,
+        request_timeout_s=request_timeout_s,
+        **extra,
+    )
+
+
+@contextmanager
+def operator(
+    config: OperatorConfig, snapshot_source: SnapshotSource | None = None
+) -> Iterator[OperatorThread]:
+    """The real kopf operator in a thread, with every setting of `config` (timeouts too)."""
+    thread = OperatorThread(config, None, snapshot_source).start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+# ---------------------------------------------------------------------------- metric faults
+
+
+@dataclass
+class FaultySnapshots:
+    """The synthetic fleet behind a Prometheus the test can break and repair at will.
+
+    `mode` is what the next cycles return: "ok"; "down" (the source raises, as a client whose
+    server vanished would); "unavailable" (the adapter's own verdict, with a reason);
+    "partial" (the ITL series is missing); "nan" (percentiles and rates are NaN);
+    "reset" (a counter reset after a pod restart made the request rate negative).
+    `served` records the mode of every target answered, so tests know the bad data was seen.
+    """
+
+    inner: SyntheticSnapshots = field(default_factory=SyntheticSnapshots)
+    mode: str = "ok"
+    served: list[str] = field(default_factory=list)
+
+    async def snapshots(
+        self, targets: Sequence[SnapshotTarget], now: datetime
+    ) -> dict[tuple[str, str], Snapshot]:
+        mode = self.mode
+        if mode == "down":
+            self.served.append(mode)
+            raise ConnectionRefusedError("Prometheus is down (test)")
+        good = await self.inner.snapshots(targets, now)
+        out: dict[tuple[str, str], Snapshot] = {}
+        for key, snap in good.items():
+            if snap.available:
+                self.served.append(mode)
+            out[key] = self._spoil(snap, mode, now) if snap.available else snap
+        return out
+
+    @staticmethod
+    def _spoil(snap: Snapshot, mode: str, now: datetime) -> Snapshot:
+        nan = math.nan
+        if mode == "unavailable":
+            return Snapshot.unavailable(now, snap.window_s, "Prometheus answered 503 (test)")
+        if mode == "partial":
+            return replace(snap, itl=LatencySummary(), itl_attainment=None)
+        if mode == "nan":
+            return replace(
+                snap,
+                itl=LatencySummary(nan, nan, nan, nan, nan, nan),
+                ttft=LatencySummary(nan, nan, nan, nan, nan, nan),
+                request_rate=nan,
+            )
+        if mode == "reset":
+            return replace(snap, request_rate=-abs(snap.request_rate) - 1.0)
+        return snap
