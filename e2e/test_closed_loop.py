@@ -9,16 +9,20 @@ Run: `.venv/bin/pytest e2e -m e2e` (a few minutes per scenario on two cores).
 
 from __future__ import annotations
 
+import copy
+import re
 import time
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from tests.support.waiting import wait_for
 
 from e2e.conftest import MakeLoop
-from e2e.harness import ClosedLoop
+from e2e.harness import KNOBS_ANNOTATION, ClosedLoop, condition
 from vllm_autotuner.core.tuning_types import Knobs
+from vllm_autotuner.local.demo import DEMO_DEPLOYMENT, DEMO_POLICY
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -43,10 +47,260 @@ def trials_of(loop: ClosedLoop) -> list[dict[str, Any]]:
     return list(loop.tuning().get("trials") or [])
 
 
+def metrics_condition(loop: ClosedLoop, status: str) -> dict[str, Any] | None:
+    cond = loop.condition("MetricsAvailable")
+    return cond if cond.get("status") == status else None
+
+
+def tuning_in_flight(loop: ClosedLoop) -> dict[str, Any] | None:
+    tuning = tuning_of(loop)
+    return tuning if tuning.get("phase") in IN_FLIGHT else None
+
+
+def holds_for(check: Callable[[], None], seconds: float, interval: float = 0.5) -> None:
+    """Check an invariant repeatedly for `seconds`: a wait whose end is the point, failing at
+    the first violation rather than sampling once after a sleep."""
+    deadline = time.monotonic() + seconds
+    while True:
+        check()
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
 def tuning_of(loop: ClosedLoop) -> dict[str, Any]:
     """status.tuning; fails fast, with the log, when the operator process died on its own."""
     assert loop.operator_alive(), f"the operator exited:\n{loop.log_tail()}"
     return loop.tuning()
+
+
+# --------------------------------------------------------------------------- scenario 1
+
+ITL_SLO_MS = DEMO_POLICY["spec"]["slo"]["itl"]["thresholdMs"]
+MAX_ROLLOUTS = 5  # the demo needs 3 (8192 -> 4096 -> 2048 -> 1024 tokens); a margin of two
+
+
+def demo_objects(**rollout: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The demo's policy and deployment (ITL p95 <= 25 ms, vLLM's H100 defaults)."""
+    policy = copy.deepcopy(DEMO_POLICY)
+    policy["spec"]["rollout"].update(rollout)
+    return policy, copy.deepcopy(DEMO_DEPLOYMENT)
+
+
+def start_demo(make: MakeLoop, **rollout: Any) -> ClosedLoop:
+    loop = make()
+    loop.apply(*demo_objects(**rollout))
+    loop.start_operator()
+    wait_serving(loop, pods=1)
+    loop.start_load("rag", rate=4.0)
+    return loop
+
+
+def test_defaults_violating_the_itl_slo_converge_within_bounded_rollouts(
+    closed_loop: MakeLoop,
+) -> None:
+    loop = start_demo(closed_loop)
+    seen: list[dict[str, Any]] = []
+
+    def converged() -> bool:
+        status = loop.status()
+        tuning = tuning_of(loop)
+        seen.append(status)
+        committed = [t for t in tuning.get("trials") or [] if t["outcome"] == "Committed"]
+        met = condition(status, "SLOMet").get("status") == "True"
+        return bool(committed) and met and tuning.get("phase") not in IN_FLIGHT
+
+    started = time.monotonic()
+    wait_for(converged, timeout=330, interval=2.0, message="a committed trial and SLOMet=True")
+    took = time.monotonic() - started
+
+    # The defaults violated the ITL SLO. The first rollout is decided on the first usable
+    # window, so the evidence is in what the operator published with it (status.observed
+    # in the same write, and the RolloutStarted Event's diagnosis).
+    first_trial = [s for s in seen if (s.get("tuning") or {}).get("trials")]
+    observed = [
+        s["observed"] for s in seen[: len(seen) - len(first_trial) + 1] if s.get("observed")
+    ]
+    assert observed and observed[-1]["itlP95Ms"] > ITL_SLO_MS, observed[-1:]
+
+    status = loop.status()
+    tuning = status["tuning"]
+    trials = tuning["trials"]
+    assert 1 <= len(trials) <= MAX_ROLLOUTS, trials
+    assert [t["id"] for t in trials] == list(range(1, len(trials) + 1))
+    assert all(t["outcome"] in ("Committed", "RolledBack") for t in trials), trials
+    assert condition(status, "SLOMet")["status"] == "True"
+    assert status["observed"]["itlP95Ms"] <= ITL_SLO_MS, status["observed"]
+    assert condition(status, "MetricsAvailable")["status"] == "True"
+    assert condition(status, "Ready")["status"] == "True"
+    # The Deployment runs what status says was proven good.
+    last_good = knobs(tuning["lastGood"])
+    assert loop.deployment_knobs() == _label(last_good)
+    revisions = sorted(
+        loop.replicasets(),
+        key=lambda rs: int(rs["metadata"]["annotations"]["deployment.kubernetes.io/revision"]),
+    )
+    start = revisions[0]["spec"]["template"]["metadata"]["annotations"][KNOBS_ANNOTATION]
+    assert start != _label(last_good)
+    start_mnbt = int(start.split(",")[0].removeprefix("mnbt="))
+    assert last_good.max_num_batched_tokens < start_mnbt, (start, last_good)
+
+    # Events explain each step: one RolloutStarted per trial, naming the diagnosis, then
+    # RolloutReady and a verdict (TuningCommitted or TuningRolledBack) for each.
+    events = loop.events()
+    by_reason: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        by_reason.setdefault(str(e.get("reason")), []).append(e)
+    started_events = by_reason.get("RolloutStarted", [])
+    assert len(started_events) == len(trials), [e.get("message") for e in events]
+    diagnosis = re.search(r"ITL p95 ([\d.]+) ms > ([\d.]+) ms", started_events[0]["message"])
+    assert diagnosis, started_events[0]["message"]
+    assert float(diagnosis[1]) > float(diagnosis[2]) == ITL_SLO_MS
+    assert len(by_reason.get("RolloutReady", [])) == len(trials)
+    verdicts = by_reason.get("TuningCommitted", []) + by_reason.get("TuningRolledBack", [])
+    assert len(verdicts) == len(trials)
+    for t in trials:
+        name = knobs(t["knobs"]).describe()
+        assert any(name in e["message"] for e in started_events), name
+    print(
+        f"\nconverged in {took:.0f} s after {len(trials)} rollout(s): "
+        f"{[knobs(t['knobs']).describe() for t in trials]}; ITL p95 "
+        f"{status['observed']['itlP95Ms']} ms"
+    )
+
+
+# --------------------------------------------------------------------------- scenario 3
+
+
+def test_operator_killed_mid_rollout_resumes_the_same_trial_without_a_second_rollout(
+    closed_loop: MakeLoop,
+) -> None:
+    # A long cooldown: after the trial ends no other rollout may start during the test, so
+    # any extra ReplicaSet would come from a restart that rolled twice.
+    loop = start_demo(closed_loop, minInterval="10m")
+    in_flight = wait_for(
+        lambda: tuning_in_flight(loop),
+        timeout=150,
+        interval=0.5,
+        message="a trial in flight (RollingOut or Verifying)",
+    )
+    assert in_flight is not None
+    assert [t["id"] for t in in_flight["trials"]] == [1]
+    candidate = knobs(in_flight["candidate"])
+    assert loop.kill_operator() == -9
+    killed_in = in_flight["phase"]
+
+    # State lives in status, not in the dead process: the trial is still recorded there.
+    after_kill = loop.tuning()
+    assert after_kill["phase"] in IN_FLIGHT
+    assert [t["id"] for t in after_kill["trials"]] == [1]
+    assert knobs(after_kill["candidate"]).same_as(candidate)
+
+    loop.start_operator()
+    finished = wait_for(
+        lambda: [t for t in tuning_of(loop)["trials"] if t["outcome"] != "Pending"],
+        timeout=150,
+        interval=1.0,
+        message="trial 1 to end after the restart",
+    )
+    tuning = loop.tuning()
+    assert [t["id"] for t in tuning["trials"]] == [1], tuning["trials"]
+    assert finished[0]["outcome"] in ("Committed", "RolledBack"), finished
+    assert knobs(finished[0]["knobs"]).same_as(candidate)
+    assert tuning["rolloutsToday"] == 1
+
+    # Exactly two pod templates ever: the starting one and the candidate.
+    replicasets = loop.replicasets()
+    hashes = {rs["metadata"]["labels"].get("pod-template-hash") for rs in replicasets}
+    assert len(replicasets) == 2 and len(hashes) == 2, [
+        rs["metadata"]["name"] for rs in replicasets
+    ]
+    reasons = loop.event_reasons()
+    assert reasons.count("RolloutStarted") == 1, reasons
+    verdict = "TuningCommitted" if finished[0]["outcome"] == "Committed" else "TuningRolledBack"
+    assert verdict in reasons, reasons
+    print(f"\nkilled in {killed_in}; trial 1 ended {finished[0]['outcome']}; reasons {reasons}")
+
+
+# --------------------------------------------------------------------------- scenario 4
+
+
+def closed_window(now: datetime) -> dict[str, Any]:
+    """A daily maintenance window that starts 6 hours from now: rollouts must wait for it,
+    so the tuner holds a recommendation and nothing but the outage changes during the test."""
+    start = now + timedelta(hours=6)
+    end = start + timedelta(hours=1)
+    return {"start": start.strftime("%H:%M"), "end": end.strftime("%H:%M"), "timezone": "UTC"}
+
+
+def test_prometheus_outage_changes_nothing_and_metrics_recover(closed_loop: MakeLoop) -> None:
+    now = datetime.now(tz=UTC)
+    loop = start_demo(closed_loop, maintenanceWindows=[closed_window(now)])
+    # Observed: the tuner has metrics, wants a change, and waits for the window.
+    wait_for(
+        lambda: (
+            loop.condition("MetricsAvailable").get("status") == "True"
+            and tuning_of(loop).get("recommendation")
+            and "maintenance window" in loop.tuning()["lastDecision"]["reason"]
+        ),
+        timeout=120,
+        interval=1.0,
+        message="metrics observed and a rollout waiting for the maintenance window",
+    )
+    before_knobs = loop.deployment_knobs()
+    before_generation = loop.deployment()["metadata"]["generation"]
+    before_events = {e["metadata"]["name"] for e in loop.events()}
+    port = loop.stop_prometheus()
+    down_at = time.monotonic()
+
+    lost = wait_for(
+        lambda: metrics_condition(loop, "False"),
+        timeout=60,
+        interval=0.5,
+        message="MetricsAvailable=False after Prometheus stopped",
+    )
+    assert lost is not None
+    noticed_s = time.monotonic() - down_at
+    assert lost["reason"] == "MetricsUnavailable"
+    assert lost["message"], lost
+
+    # Stay down for several reconcile intervals; the invariants are checked all along.
+    def unchanged() -> None:
+        assert loop.deployment_knobs() == before_knobs
+        assert loop.deployment()["metadata"]["generation"] == before_generation
+        assert loop.condition("MetricsAvailable")["status"] == "False"
+
+    holds_for(unchanged, seconds=5 * loop.reconcile_interval_s)
+    tuning = loop.tuning()
+    assert tuning["phase"] == "Holding", tuning["phase"]
+    assert tuning["lastDecision"]["action"] == "hold"
+    assert "metrics" in tuning["lastDecision"]["reason"]
+    assert loop.condition("MetricsAvailable")["status"] == "False"
+    assert loop.deployment_knobs() == before_knobs
+    assert loop.deployment()["metadata"]["generation"] == before_generation
+    assert tuning.get("trials", []) == []
+    # No Event about a rollout or a Deployment change was posted while metrics were away.
+    new_reasons = [
+        str(e.get("reason")) for e in loop.events() if e["metadata"]["name"] not in before_events
+    ]
+    assert not {"RolloutStarted", "DeploymentUpdated", "TuningRolledBack"} & set(new_reasons)
+
+    loop.start_prometheus(port)
+    back = wait_for(
+        lambda: metrics_condition(loop, "True"),
+        timeout=120,
+        interval=1.0,
+        message="MetricsAvailable=True after Prometheus came back on the same port",
+    )
+    assert back is not None
+    recovered_s = time.monotonic() - down_at
+    assert back["reason"] == "MetricsFresh"
+    assert loop.deployment_knobs() == before_knobs
+    assert loop.deployment()["metadata"]["generation"] == before_generation
+    print(
+        f"\nPrometheus outage noticed after {noticed_s:.0f} s; metrics back "
+        f"{recovered_s:.0f} s after the stop; reason while down: {lost['message']}"
+    )
 
 
 # --------------------------------------------------------------------------- scenario 2
@@ -155,19 +409,27 @@ def test_oom_candidate_is_rolled_back_marked_infeasible_and_service_keeps_servin
     assert "OOMKilled" in rolled_back[0]["message"]
     assert "RolloutStarted" in loop.event_reasons()
 
-    # Later candidates stay below the configuration that failed: wait for a decision made
-    # after the cooldown that followed the failed rollout (the search ran again), then check
-    # every trial proposed after the failure.
-    cooldown_s = 30.0
+    # Later candidates stay below the configuration that failed: once metrics of the
+    # restored revision are back, the tuner searches again; every trial and recommendation
+    # from then on must avoid the failed utilization (and anything above it).
+    failed_at = _time(failed[-1]["endedAt"])
     wait_for(
-        lambda: _decided_after_cooldown(tuning_of(loop), cooldown_s),
-        timeout=90,
+        lambda: _searched_since(loop, failed_at),
+        timeout=120,
         interval=1.0,
-        message="a decision after the post-rollback cooldown",
+        message="a decision on fresh metrics after the rollback",
     )
-    for t in trials_of(loop):
-        if t["id"] > failed[-1]["id"]:
-            assert knobs(t["knobs"]).gpu_memory_utilization < bad.gpu_memory_utilization, t
+    tuning = loop.tuning()
+    later = [t for t in tuning["trials"] if t["id"] > failed[-1]["id"]]
+    proposed = [knobs(t["knobs"]) for t in later]
+    if tuning.get("recommendation"):
+        proposed.append(knobs(tuning["recommendation"]["knobs"]))
+    for k in proposed:
+        assert k.gpu_memory_utilization < bad.gpu_memory_utilization, (k, bad)
+    print(
+        f"\nOOM scenario: failed {bad.describe()}; later proposals "
+        f"{[k.describe() for k in proposed]}; last decision: {tuning['lastDecision']['reason']}"
+    )
 
     # The Service answered throughout: with maxUnavailable 1 and no surge, one old pod kept
     # serving while the candidate crash-looped.
@@ -187,9 +449,12 @@ def _time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def _decided_after_cooldown(tuning: dict[str, Any], cooldown_s: float) -> bool:
+def _searched_since(loop: ClosedLoop, since: datetime) -> bool:
+    """MetricsAvailable turned True after `since` and the tuner decided on those metrics."""
+    tuning = tuning_of(loop)
+    metrics = loop.condition("MetricsAvailable")
     decided = (tuning.get("lastDecision") or {}).get("time")
-    last_rollout = tuning.get("lastRolloutAt")
-    if not decided or not last_rollout:
+    if metrics.get("status") != "True" or not decided:
         return False
-    return _time(decided) > _time(last_rollout) + timedelta(seconds=cooldown_s)
+    became = _time(metrics["lastTransitionTime"])
+    return became > since and _time(decided) >= became

@@ -79,6 +79,7 @@ class Hit:
     time: float
     path: str
     expr: str
+    authorized: bool = True
 
 
 @dataclass
@@ -90,6 +91,8 @@ class StubPrometheus:
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
     host: str = "127.0.0.1"
     port: int = 0
+    token: str | None = None  # when set, requests must carry "Authorization: Bearer <token>"
+    echo_credentials: bool = False  # a careless proxy: a 401 body repeats what it was sent
     hits: list[Hit] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -160,8 +163,14 @@ class StubPrometheus:
         if request.method == "POST":
             form.update({k: str(v) for k, v in (await request.post()).items()})
         expr = form.get("query", "")
+        sent = request.headers.get("Authorization", "")
+        authorized = self.token is None or sent == f"Bearer {self.token}"
         with self._lock:
-            self.hits.append(Hit(time.monotonic(), request.path, expr))
+            self.hits.append(Hit(time.monotonic(), request.path, expr, authorized))
+        if not authorized:
+            error = f"invalid credentials {sent!r}" if self.echo_credentials else "unauthorized"
+            body = {"status": "error", "errorType": "unauthorized", "error": error}
+            return aiohttp.web.json_response(body, status=401)
         if request.path.startswith("/api/v1/label/"):
             data: Any = all_series_names()
         elif request.path == "/api/v1/query":

@@ -239,8 +239,11 @@ class Truth:
         if self._guess is None:
             stored = self.values.get("start-rate")
             if stored is None:
+                b = self.s.bounds
                 probe = Knobs(
-                    int(self.s.bounds.mnbt.max), int(self.s.bounds.mns.min), self.s.bounds.gmu.min
+                    int(min(max(2048, b.mnbt.min), b.mnbt.max)),
+                    int(min(max(128, b.mns.min), b.mns.max)),
+                    b.gmu.min,
                 )
                 cap, _, _ = search_capacity(
                     self.s, probe, self.s.truth_requests, self.s.truth_seed, 1.0, 1.1

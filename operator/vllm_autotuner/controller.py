@@ -27,7 +27,7 @@ from vllm_autotuner.core.conditions import ConditionUpdate
 from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
 from vllm_autotuner.core.policy import Resolution, resolve
-from vllm_autotuner.core.snapshot import Observation, Snapshot
+from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.starting_point import StartingPoint, starting_knobs
 from vllm_autotuner.core.status import ChildState, compute_status, readiness, status_patch
 from vllm_autotuner.core.tuning_inputs import (
@@ -271,10 +271,13 @@ class Controller:
         snapshot = self.observer.latest(key, policy.evaluation_window_s)
         model = self.model_for(key, ctx)
         observation = Observation(snapshot, health)
+        origin = start.knobs
         if isinstance(model, AnalyticModel):
-            decision = decide(state, observation, policy, ctx, now, model)
+            decision = decide(state, observation, policy, ctx, now, model, origin)
         else:  # simulation-backed models take CPU seconds: keep the event loop responsive
-            decision = await asyncio.to_thread(decide, state, observation, policy, ctx, now, model)
+            decision = await asyncio.to_thread(
+                decide, state, observation, policy, ctx, now, model, origin
+            )
         new = decision.new_state
         knobs = new.applied
         namespace, name = key
@@ -299,7 +302,12 @@ class Controller:
             if decision.action == "rollback":
                 self.metrics.rollbacks.labels(namespace, name).inc()
         in_trial = new.phase in ("RollingOut", "Verifying")
-        if snapshot.available:
+        invalid = defect(snapshot, policy.slo.targets())
+        if invalid is not None:
+            # Present but unusable data is reported, and otherwise treated, as no data.
+            metrics_cond = ConditionUpdate("MetricsAvailable", "False", "MetricsInvalid", invalid)
+            snapshot = Snapshot.unavailable(snapshot.time, snapshot.window_s, invalid)
+        elif snapshot.available:
             metrics_cond = ConditionUpdate(
                 "MetricsAvailable", "True", "MetricsFresh", "Prometheus answers for this revision"
             )

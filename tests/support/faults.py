@@ -18,11 +18,13 @@ from datetime import datetime
 from typing import Any
 
 from tests.support.cluster_api import CR, CR_PATH, DEPLOYMENT_PATH, NS, Api, args_of, condition
-from tests.support.fake_fleet import SyntheticSnapshots
+from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
 from tests.support.operator_runner import OperatorThread
 from vllm_autotuner.adapters.kube import USER_AGENT, KubeCredentials
 from vllm_autotuner.adapters.promql import SnapshotTarget
+from vllm_autotuner.core.render import KNOBS_ANNOTATION
 from vllm_autotuner.core.snapshot import LatencySummary, Snapshot
+from vllm_autotuner.core.tuning_inputs import parse_knob_label
 from vllm_autotuner.core.tuning_types import Knobs
 from vllm_autotuner.local.emulator import EmulatorServer
 from vllm_autotuner.local.emulator.handler import Fault, RequestRecord
@@ -268,3 +270,100 @@ class FaultySnapshots:
         if mode == "reset":
             return replace(snap, request_rate=-abs(snap.request_rate) - 1.0)
         return snap
+
+
+# ------------------------------------------------------------------------------- pod faults
+
+
+class FaultyKubelet(FakeKubelet):
+    """A FakeKubelet whose pods can also hang before ready or crash without an OOM.
+
+    `stuck(knobs)`: the pod is created but never becomes ready (image pull, a slow model
+    load: no crash, no restart). `crashing(knobs)`: CrashLoopBackOff after exit code 1
+    ("Error"), so the failure is a crash and not a memory problem. Other knobs behave as in
+    FakeKubelet (including its `is_bad`, which means OOMKilled).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        stuck: Callable[[Knobs | None], bool] = lambda _: False,
+        crashing: Callable[[Knobs | None], bool] = lambda _: False,
+        **options: Any,
+    ) -> None:
+        super().__init__(url, namespace, **options)
+        self.stuck = stuck
+        self.crashing = crashing
+
+    def _create_pod(self, dep: dict[str, Any], revision: str) -> None:
+        template = dep["spec"]["template"]
+        annotations = dict(template["metadata"].get("annotations") or {})
+        knobs = parse_knob_label(annotations.get(KNOBS_ANNOTATION))
+        if not (self.stuck(knobs) or self.crashing(knobs)):
+            super()._create_pod(dep, revision)
+            return
+        ns, name = self.namespace, dep["metadata"]["name"]
+        labels = {
+            **template["metadata"].get("labels", {}),
+            "pod-template-hash": revision,
+            "fake-owner": name,
+        }
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-{revision}",
+                "namespace": ns,
+                "labels": labels,
+                "annotations": annotations,
+            },
+            "spec": template["spec"],
+        }
+        container: dict[str, Any] = {"name": "vllm", "ready": False, "restartCount": 0}
+        if self.crashing(knobs):
+            container.update(
+                restartCount=4,
+                state={"waiting": {"reason": "CrashLoopBackOff"}},
+                lastState={"terminated": {"exitCode": 1, "reason": "Error"}},
+            )
+        else:
+            container["state"] = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        status = {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [container],
+        }
+        self._json("POST", f"/api/v1/namespaces/{ns}/pods", pod, "application/json")
+        self._json(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{name}-{revision}/status",
+            {"status": status},
+            "application/merge-patch+json",
+        )
+
+
+def oom_kill_later(api: Api, knobs: Knobs) -> str:
+    """The running pod with `knobs` was OOM-killed and restarted (hours after its rollout):
+    ready again, restartCount 1, lastState OOMKilled. Returns the pod's name."""
+    pods = (api.get(f"/api/v1/namespaces/{NS}/pods") or {}).get("items", [])
+    for pod in pods:
+        labelled = parse_knob_label(
+            (pod["metadata"].get("annotations") or {}).get(KNOBS_ANNOTATION)
+        )
+        if labelled is not None and labelled.same_as(knobs):
+            name = str(pod["metadata"]["name"])
+            container = {
+                "name": "vllm",
+                "ready": True,
+                "restartCount": 1,
+                "state": {"running": {"startedAt": "2026-01-01T03:00:00Z"}},
+                "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+            }
+            api.merge(
+                f"/api/v1/namespaces/{NS}/pods/{name}/status",
+                {"status": {"containerStatuses": [container]}},
+            )
+            return name
+    raise AssertionError(f"no pod runs {knobs}")

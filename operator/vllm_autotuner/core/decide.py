@@ -24,7 +24,7 @@ from vllm_autotuner.core.rollout import (
     rollout_progress,
 )
 from vllm_autotuner.core.search import SearchResult, search
-from vllm_autotuner.core.snapshot import Observation, Snapshot
+from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.tuning_types import (
     Action,
     DecisionRecord,
@@ -61,7 +61,10 @@ def decide(
     ctx: DeploymentContext,
     now: datetime,
     model: PerformanceModel,
+    origin: Knobs | None = None,
 ) -> Decision:
+    """`origin` is where tuning started (spec + policy): the configuration to fall back to
+    when a committed one fails later and no earlier committed one exists."""
     state = roll_day(state, now)
     if policy.mode == "Off":
         phase: Phase = state.phase if state.phase in ("RollingOut", "Verifying") else "Idle"
@@ -81,7 +84,7 @@ def decide(
                 "switch back to Auto to verify it",
             )
         return _supervise(state, obs, policy, ctx, now, model)
-    return _steady(state, obs, policy, ctx, now, model)
+    return _steady(state, obs, policy, ctx, now, model, origin)
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -156,6 +159,16 @@ def _supervise(
     failure: PodFailure | None = pod_failure(obs.pods, cand)
     if failure is not None:
         return _rollback(state, now, failure.outcome, failure.kind, failure.reason)
+    if not policy.bounds.contains(cand):
+        # The policy was tightened mid-trial: the candidate is no longer allowed. Not the
+        # candidate's fault, so it is not remembered as infeasible.
+        return _rollback(
+            state,
+            now,
+            "RolledBack",
+            None,
+            f"the policy changed: {cand.describe()} is outside its bounds now",
+        )
 
     if state.phase == "RollingOut":
         started = state.rollout_started_at or now
@@ -271,6 +284,9 @@ def _unusable(snap: Snapshot, knobs: Knobs, policy: TuningPolicy) -> str | None:
             f"metrics unavailable for the last {snap.window_s:.0f} s: "
             f"{snap.reason or 'no reason given'}"
         )
+    invalid = defect(snap, policy.slo.targets())
+    if invalid is not None and not invalid.startswith("partial"):
+        return f"metrics unusable: {invalid}"
     if snap.knobs is None or not snap.knobs.same_as(knobs):
         seen = "unknown knobs" if snap.knobs is None else snap.knobs.describe()
         return f"window observed under {seen}, not the applied {knobs.describe()} (mixed revisions)"
@@ -279,10 +295,86 @@ def _unusable(snap: Snapshot, knobs: Knobs, policy: TuningPolicy) -> str | None:
             f"not enough data: {snap.completed_requests} of {policy.min_requests_per_window} "
             f"requests in {snap.window_s:.0f} s"
         )
+    if invalid is not None:
+        return f"metrics unusable: {invalid}"
     return None
 
 
 # ---------------------------------------------------------------------------- steady state
+
+
+def _previous_good(state: TuningState, origin: Knobs | None) -> Knobs | None:
+    """The configuration that was good before the applied one (None when there is none)."""
+    bad = [i.knobs for i in state.infeasible]
+    committed = [t.knobs for t in state.trials if t.outcome == "Committed"]
+    for k in reversed([*([origin] if origin is not None else []), *committed]):
+        if not k.same_as(state.applied) and not any(k.same_as(b) for b in bad):
+            return k
+    return None
+
+
+def _late_failure(
+    state: TuningState, now: datetime, failing: PodFailure, fallback: Knobs
+) -> Decision:
+    """A committed configuration crashed or OOM-ed later (a hidden constraint that only showed
+    under some traffic): go back to the one before it and never try this one again."""
+    applied = state.applied
+    s = state.with_infeasible(InfeasibleConfig(applied, failing.reason, now, failing.kind))
+    stable = s.stable_gpu_memory_utilization
+    if failing.kind == "OOMKilled" and (stable is None or stable >= applied.gpu_memory_utilization):
+        stable = fallback.gpu_memory_utilization  # what was "proven stable" was not
+    s = replace(
+        s,
+        applied=fallback,
+        last_good=fallback,
+        candidate=None,
+        phase="RolledBack",
+        rollout_started_at=None,
+        verify_until=None,
+        baseline=None,
+        recommendation=None,
+        stable_gpu_memory_utilization=stable,
+    )
+    text = (
+        f"rolled back to {fallback.describe()}: the committed {applied.describe()} failed "
+        f"later: {failing.reason}"
+    )
+    return _done(s, now, "rollback", text, fallback, (Event("Warning", "TuningRolledBack", text),))
+
+
+def _clamp(k: Knobs, policy: TuningPolicy) -> Knobs:
+    b = policy.bounds
+    return Knobs(
+        max_num_batched_tokens=int(min(max(k.max_num_batched_tokens, b.mnbt.min), b.mnbt.max)),
+        max_num_seqs=int(min(max(k.max_num_seqs, b.mns.min), b.mns.max)),
+        gpu_memory_utilization=float(min(max(k.gpu_memory_utilization, b.gmu.min), b.gmu.max)),
+    )
+
+
+def _into_bounds(state: TuningState, policy: TuningPolicy, now: datetime) -> Decision:
+    """The policy no longer allows what runs: roll out the nearest allowed configuration, as
+    a trial like any other (verified, rolled back if it fails), when the rules allow one."""
+    applied = state.applied
+    target = _clamp(applied, policy)
+    why = f"{applied.describe()} is outside the policy's bounds"
+    blocker = rollout_blocker(state, policy.rollout, now)
+    if blocker is not None:
+        text = f"{why}; moving to {target.describe()} waits: {blocker}"
+        return _done(replace(state, phase="Holding"), now, "hold", text)
+    trial = Trial(id=state.next_trial_id(), knobs=target, started_at=now)
+    s = replace(
+        state.with_trial(trial),
+        applied=target,
+        candidate=target,
+        phase="RollingOut",
+        rollout_started_at=now,
+        verify_until=None,
+        last_rollout_at=now,
+        rollouts_today=state.rollouts_today + 1,
+        recommendation=None,
+    )
+    text = f"rollout {target.describe()} (trial {trial.id}, from {applied.describe()}): {why}"
+    return _done(s, now, "rollout", text, target, (Event("Normal", "RolloutStarted", text),))
 
 
 def _steady(
@@ -292,10 +384,14 @@ def _steady(
     ctx: DeploymentContext,
     now: datetime,
     model: PerformanceModel,
+    origin: Knobs | None = None,
 ) -> Decision:
     applied = state.applied
     snap = obs.snapshot
     failing = pod_failure(obs.pods, applied)
+    fallback = _previous_good(state, origin) if policy.mode == "Auto" else None
+    if failing is not None and fallback is not None:
+        return _late_failure(state, now, failing, fallback)
     if failing is not None:
         text = f"pods of the applied configuration are failing: {failing.reason}; holding"
         return _done(
@@ -305,6 +401,8 @@ def _steady(
             text,
             events=(Event("Warning", "TunedPodsFailing", text),),
         )
+    if policy.mode == "Auto" and not policy.bounds.contains(applied):
+        return _into_bounds(state, policy, now)
     problem = _unusable(snap, applied, policy)
     if problem is not None:
         return _done(replace(state, phase="Holding"), now, "hold", problem)

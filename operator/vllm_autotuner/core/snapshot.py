@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 
 from vllm_autotuner.core.tuning_types import Knobs, PodHealth, SLOTarget
@@ -146,6 +146,49 @@ class Observation:
 
     snapshot: Snapshot
     pods: tuple[PodHealth, ...] = ()
+
+
+def _bad_numbers(obj: object, prefix: str = "") -> list[str]:
+    """Paths of NaN, infinite or negative numbers anywhere in a snapshot's measurements."""
+    found: list[str] = []
+    if not is_dataclass(obj) or isinstance(obj, type):
+        return found
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        path = f"{prefix}{f.name}"
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int | float):
+            if not math.isfinite(value) or value < 0:
+                found.append(f"{path}={value:g}")
+        elif is_dataclass(value) and f.name not in ("knobs",):
+            found += _bad_numbers(value, f"{path}.")
+    return found
+
+
+def defect(snapshot: Snapshot, targets: Sequence[tuple[str, SLOTarget]]) -> str | None:
+    """Why an available snapshot still must not be acted on (None when it can be).
+
+    The adapter already drops NaN samples and handles counter resets, but a snapshot can come
+    from anywhere (another adapter, a benchmark): a NaN compares false with everything, and a
+    negative rate from a counter reset read as a drop in traffic, so either would steer the
+    tuner by garbage. An SLO series missing while requests were served (partial scrape, a
+    renamed metric) would let a rollout be judged on half the SLO.
+    """
+    if not snapshot.available:
+        return None
+    bad = _bad_numbers(snapshot)
+    if bad:
+        return f"invalid values (NaN, infinite or negative: counter reset?): {', '.join(bad[:4])}"
+    if snapshot.completed_requests > 0:
+        missing = [
+            f"{metric.upper()} p{target.percentile:g}"
+            for metric, target in targets
+            if target_value(snapshot, metric, target) is None
+        ]
+        if missing:
+            return f"partial data: no {', '.join(missing)} in the window"
+    return None
 
 
 # ----------------------------------------------------------------------------- histogram maths

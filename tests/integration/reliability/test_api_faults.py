@@ -162,16 +162,29 @@ def test_watch_expired_with_410_gone_relists_and_keeps_reconciling(
             )
 
         listed = lists()
-        # Something changes, the retained events are compacted away, then every watch drops:
-        # kopf resumes from a resourceVersion the server no longer has and must relist.
+        # The watch drops and cannot reconnect for a while; meanwhile the CR changes and the
+        # server compacts its event history, so kopf resumes from a resourceVersion the
+        # server no longer has (410 Gone) and must relist to see the change.
+        cut = emulator.emulator.inject(
+            {"verb": "watch", "resource": "vllmdeployments"}, status=503, times=None
+        )
+        emulator.emulator.store.close_watches()
+        wait_for(lambda: cut.hits >= 1, 20, message="kopf trying to reconnect its watch")
+        api.merge(f"{CR_PATH}/llama", {"spec": {"replicas": 3}})
         api.create(
             f"/api/v1/namespaces/{NS}/configmaps",
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bump"}},
         )
-        emulator.emulator.compact()
-        api.merge(f"{CR_PATH}/llama", {"spec": {"replicas": 3}})
-        emulator.emulator.store.close_watches()
+        compacted_at = time.time()
+        compacted = emulator.emulator.compact()
+        emulator.emulator.clear_faults()
         wait_for(lambda: lists() > listed, 20, message="kopf relisted after 410 Gone")
+        resumed = [
+            int(r.params["resourceVersion"])
+            for r in emulator.emulator.requests_matching(verb="watch", resource="vllmdeployments")
+            if r.status_code == 200 and "resourceVersion" in r.params and r.time > compacted_at
+        ]
+        assert any(rv < compacted for rv in resumed), (resumed, compacted)  # it did get a 410
         wait_for(
             lambda: _deployment_spec(api)["replicas"] == 3,
             20,

@@ -1,0 +1,400 @@
+"""A soak run on the one-machine cluster: several tuned deployments, traffic, faults, hours of
+simulated time, and the checks that nothing was lost or left half-done.
+
+Time: the simulator runs `time_scale` virtual seconds per wall second and the operator's policy
+durations are divided by the same factor, so "2 virtual hours at 20x" is a 6-minute run in
+which every deployment can roll out, verify and commit or roll back several times.
+
+Faults (with `faults=True`), spread over the run: a simulator pod killed (the kubelet restarts
+it), Prometheus stopped and started again on the same port, and bursts of 409 Conflict and 503
+from the API server on the operator's writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from vllm_autotuner.local.cluster import LocalCluster
+from vllm_autotuner.local.emulator import RequestRecord
+from vllm_autotuner.local.prometheus import PrometheusServer
+from vllm_autotuner.local.service_proxy import ServiceProxy
+
+GROUP_PATH = "/apis/vllm.autotuner.io/v1alpha1"
+NAMESPACE = "soak"
+OPERATOR_AGENTS = ("vllm-autotuner/", "kopf/")
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    deployments: int = 3
+    virtual_hours: float = 2.0
+    time_scale: float = 20.0
+    rate: float = 0.5  # requests per virtual second per deployment
+    faults: bool = False
+    out: Path = Path("bench/results/soak")
+    seed: int = 1
+
+    @property
+    def wall_s(self) -> float:
+        return self.virtual_hours * 3600.0 / self.time_scale
+
+    def virtual(self, seconds: float) -> str:
+        """A policy duration of `seconds` virtual seconds, in wall time for the operator."""
+        return f"{max(1.0, seconds / self.time_scale):.0f}s"
+
+    def policy(self) -> dict[str, Any]:
+        # Production-like durations in virtual time: 10 min windows and minInterval, a 15 min
+        # verification, 20 min to become ready.
+        return {
+            "apiVersion": "vllm.autotuner.io/v1alpha1",
+            "kind": "VLLMTuningPolicy",
+            "metadata": {"name": "soak"},
+            "spec": {
+                "slo": {
+                    "ttft": {"percentile": 95, "thresholdMs": 1000},
+                    "itl": {"percentile": 95, "thresholdMs": 25},
+                },
+                "rollout": {
+                    "minInterval": self.virtual(600),
+                    "maxPerDay": 1000,
+                    "verifyWindow": self.virtual(900),
+                    "readyTimeout": self.virtual(1200),
+                },
+                "minRequestsPerWindow": 50,
+                "evaluationWindow": self.virtual(600),
+            },
+        }
+
+    def deployment(self, i: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "vllm.autotuner.io/v1alpha1",
+            "kind": "VLLMDeployment",
+            "metadata": {"name": f"llm-{i}", "namespace": NAMESPACE},
+            "spec": {
+                "model": "meta-llama/Llama-3.1-8B-Instruct",
+                "gpu": {"count": 1, "product": "H100"},
+                "tuning": {"mode": "Auto", "policyRef": "soak"},
+            },
+        }
+
+
+@dataclass
+class SoakReport:
+    config: dict[str, Any]
+    wall_s: float
+    faults: list[str] = field(default_factory=list)
+    rollouts: int = 0
+    commits: int = 0
+    rollbacks: int = 0
+    trials: dict[str, int] = field(default_factory=dict)
+    requests_completed: int = 0
+    requests_failed: int = 0
+    operator_restarts: int = 0
+    operator_writes: dict[str, int] = field(default_factory=dict)
+    injected_errors: int = 0
+    problems: list[str] = field(default_factory=list)
+    deployments: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _seconds(text: str) -> float:
+    return float(text.rstrip("s"))
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+class Soak:
+    def __init__(self, config: SoakConfig, log: Any = print) -> None:
+        self.config = config
+        self.log = log
+        self.cluster: LocalCluster | None = None
+        self.operator: subprocess.Popen[bytes] | None = None
+        self.proxies: list[ServiceProxy] = []
+        self.load_results: list[Any] = []
+        self._load_threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self.report = SoakReport(config={**asdict(config), "out": str(config.out)}, wall_s=0.0)
+        self.rng = random.Random(config.seed)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        assert self.cluster is not None
+        r = requests.request(method, self.cluster.url + path, json=body, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    def start_operator(self, workdir: Path) -> None:
+        assert self.cluster is not None
+        cmd = [
+            sys.executable, "-m", "vllm_autotuner.cli", "run",
+            "--kubeconfig", str(self.cluster.kubeconfig),
+            "--prometheus-url", self.cluster.prometheus_url,
+            "--prometheus-rate-scale", f"{self.config.time_scale:g}",
+            "--prometheus-min-window", "20s",
+            "--prometheus-timeout", "3s",
+            "--reconcile-interval", "3s",
+            "--liveness-port", "0",
+            "--metrics-port", "0",
+        ]  # fmt: skip
+        log = (workdir / "operator.log").open("ab")
+        self.operator = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def stop_operator(self) -> None:
+        if self.operator is not None and self.operator.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.operator.pid, signal.SIGTERM)
+            try:
+                self.operator.wait(20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.operator.pid, signal.SIGKILL)
+                self.operator.wait(5)
+
+    def start_load(self, index: int, name: str) -> None:
+        from vllm_sim.loadgen import run_http
+        from vllm_sim.workload import WorkloadSpec
+
+        cfg = self.config
+        cluster = self.cluster
+        assert cluster is not None
+        proxy = ServiceProxy(lambda: cluster.endpoints(NAMESPACE, name)).start_in_thread()
+        self.proxies.append(proxy)
+        spec = WorkloadSpec.preset("rag", cfg.rate, cfg.wall_s * cfg.time_scale, seed=index)
+
+        def main() -> None:
+            result = asyncio.run(
+                run_http(
+                    proxy.url,
+                    spec,
+                    model="meta-llama/Llama-3.1-8B-Instruct",
+                    time_scale=cfg.time_scale,
+                    duration=cfg.wall_s,
+                    timeout=cfg.wall_s + 60,
+                    concurrency=128,
+                )
+            )
+            self.load_results.append(result)
+
+        thread = threading.Thread(target=main, name=f"load-{name}", daemon=True)
+        thread.start()
+        self._load_threads.append(thread)
+
+    # ------------------------------------------------------------------ faults
+
+    def kill_a_pod(self) -> str:
+        assert self.cluster is not None and self.cluster.runner is not None
+        alive = [
+            pid
+            for pid in sorted(self.cluster.runner.pids())
+            if Path(f"/proc/{pid}").exists()
+            and b"vllm" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        if not alive:
+            return "kill a pod: no simulator process alive"
+        pid = self.rng.choice(alive)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return f"killed simulator process {pid}"
+
+    def restart_prometheus(self, down_s: float) -> str:
+        assert self.cluster is not None and self.cluster.prometheus is not None
+        old = self.cluster.prometheus
+        port = old.port
+        old.stop()
+        self._stop.wait(down_s)
+        fresh = PrometheusServer(old.workdir, scrape_interval=old.scrape_interval, port=port)
+        self.cluster.prometheus = fresh.start()
+        return f"Prometheus down for {down_s:.0f}s, restarted on port {port}"
+
+    def api_errors(self, status: int, times: int) -> str:
+        assert self.cluster is not None and self.cluster.emulator is not None
+
+        def operator_write(r: RequestRecord) -> bool:
+            agent = r.user_agent or ""
+            return r.verb not in ("get", "list", "watch") and agent.startswith(OPERATOR_AGENTS)
+
+        self.cluster.emulator.emulator.inject(operator_write, status=status, times=times)
+        self.report.injected_errors += times
+        return f"{times} operator writes answered {status}"
+
+    def fault_plan(self) -> list[tuple[float, Any]]:
+        """(fraction of the run, action): faults in the middle 80%, none at the very end, so the
+        final checks see the system after it had time to recover."""
+        wall = self.config.wall_s
+        return [
+            (0.15, lambda: self.api_errors(409, 10)),
+            (0.25, self.kill_a_pod),
+            (0.35, lambda: self.restart_prometheus(min(30.0, 0.05 * wall))),
+            (0.50, lambda: self.api_errors(503, 15)),
+            (0.60, self.kill_a_pod),
+            (0.70, lambda: self.api_errors(409, 10)),
+        ]
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> SoakReport:
+        cfg = self.config
+        workdir = cfg.out / "run"
+        workdir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        try:
+            self.cluster = LocalCluster(
+                workdir=workdir, time_scale=cfg.time_scale, speed=cfg.time_scale
+            ).start()
+            self.start_operator(workdir)
+            self.api("POST", f"{GROUP_PATH}/vllmtuningpolicies", cfg.policy())
+            names = []
+            for i in range(cfg.deployments):
+                body = cfg.deployment(i)
+                self.api("POST", f"{GROUP_PATH}/namespaces/{NAMESPACE}/vllmdeployments", body)
+                names.append(body["metadata"]["name"])
+            self.wait_for_pods(names, timeout_s=180)
+            for i, name in enumerate(names):
+                self.start_load(i, name)
+            load_started = time.monotonic()
+            self.log(f"traffic on {len(names)} deployments for {cfg.wall_s:.0f}s wall")
+            plan = sorted(self.fault_plan()) if cfg.faults else []
+            while time.monotonic() - load_started < cfg.wall_s:
+                elapsed = (time.monotonic() - load_started) / cfg.wall_s
+                while plan and plan[0][0] <= elapsed:
+                    _, action = plan.pop(0)
+                    note = action()
+                    self.report.faults.append(f"t={time.monotonic() - load_started:.0f}s {note}")
+                    self.log(f"  fault: {note}")
+                if self.operator is not None and self.operator.poll() is not None:
+                    self.report.operator_restarts += 1
+                    self.log("  the operator exited; restarting it (as its Deployment would)")
+                    self.start_operator(workdir)
+                self._stop.wait(1.0)
+            # Settle: one verification window plus a few reconciles to finish open trials.
+            settle = _seconds(cfg.virtual(900)) + _seconds(cfg.virtual(1200)) + 15
+            self.log(f"traffic done; settling for up to {settle:.0f}s")
+            self.settle(names, settle)
+            self.check(names)
+        finally:
+            self._stop.set()
+            for thread in self._load_threads:
+                thread.join(60)
+            self.stop_operator()
+            for proxy in self.proxies:
+                proxy.stop()
+            if self.cluster is not None:
+                self.cluster.stop()
+            self.report.wall_s = round(time.monotonic() - started, 1)
+        for result in self.load_results:
+            summary = result.summary.as_dict()
+            self.report.requests_completed += int(summary["completed"])
+            self.report.requests_failed += int(summary["requests"]) - int(summary["completed"])
+        return self.report
+
+    def wait_for_pods(self, names: list[str], timeout_s: float) -> None:
+        assert self.cluster is not None
+        deadline = time.monotonic() + timeout_s
+        while not all(self.cluster.endpoints(NAMESPACE, n) for n in names):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pods not ready within {timeout_s:.0f}s")
+            time.sleep(0.5)
+
+    def items(self) -> list[dict[str, Any]]:
+        path = f"{GROUP_PATH}/namespaces/{NAMESPACE}/vllmdeployments"
+        return list(self.api("GET", path).get("items", []))
+
+    def settle(self, names: list[str], limit_s: float) -> None:
+        """Wait until no deployment is in the middle of a trial (or the limit passes)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            phases = [
+                ((i.get("status") or {}).get("tuning") or {}).get("phase") for i in self.items()
+            ]
+            if not any(p in ("RollingOut", "Verifying") for p in phases):
+                return
+            time.sleep(2)
+
+    # ------------------------------------------------------------------ checks
+
+    def check(self, names: list[str]) -> None:
+        cfg = self.config
+        report = self.report
+        assert self.cluster is not None and self.cluster.emulator is not None
+        limit = _seconds(cfg.virtual(1200)) + _seconds(cfg.virtual(900))
+        now = datetime.now(tz=UTC)
+        items = {i["metadata"]["name"]: i for i in self.items()}
+        trials: Counter[str] = Counter()
+        for name in names:
+            item = items.get(name)
+            if item is None:
+                report.problems.append(f"{name}: the VLLMDeployment is gone")
+                continue
+            status = item.get("status") or {}
+            tuning = status.get("tuning") or {}
+            summary: dict[str, Any] = {"name": name, "phase": tuning.get("phase")}
+            if status.get("observedGeneration") != item["metadata"].get("generation"):
+                report.problems.append(f"{name}: status.observedGeneration is behind")
+            if not tuning.get("applied") or not tuning.get("lastGood"):
+                report.problems.append(f"{name}: status.tuning lost applied/lastGood: {tuning}")
+            for trial in tuning.get("trials") or []:
+                trials[str(trial.get("outcome"))] += 1
+                started = _parse_time(trial.get("startedAt"))
+                if trial.get("outcome") == "Pending" and started is not None:
+                    age = (now - started).total_seconds()
+                    if age > limit:
+                        report.problems.append(
+                            f"{name}: trial {trial.get('id')} pending for {age:.0f}s "
+                            f"(> readyTimeout + verifyWindow = {limit:.0f}s)"
+                        )
+            dep = self.cluster.emulator.emulator.get_object("apps/v1/deployments", NAMESPACE, name)
+            if dep is None:
+                report.problems.append(f"{name}: its Deployment is gone")
+            else:
+                template = dep["spec"]["template"]["metadata"].get("annotations") or {}
+                summary["deployed"] = template.get("vllm.autotuner.io/knobs")
+                summary["applied"] = tuning.get("applied")
+                summary["available"] = (dep.get("status") or {}).get("availableReplicas")
+                if not summary["available"]:
+                    report.problems.append(f"{name}: no available replica at the end")
+            ready = {c["type"]: c["status"] for c in status.get("conditions") or []}
+            summary["conditions"] = ready
+            report.deployments.append(summary)
+        report.trials = dict(trials)
+        events = self.api("GET", f"/api/v1/namespaces/{NAMESPACE}/events").get("items", [])
+        reasons = Counter(e.get("reason") for e in events)
+        report.rollouts = reasons.get("RolloutStarted", 0)
+        report.commits = reasons.get("TuningCommitted", 0)
+        report.rollbacks = reasons.get("TuningRolledBack", 0)
+        writes = Counter(
+            f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''} {r.status_code}"
+            for r in self.cluster.emulator.emulator.requests
+            if (r.user_agent or "").startswith(OPERATOR_AGENTS)
+            and r.verb not in ("get", "list", "watch")
+        )
+        report.operator_writes = dict(writes)
+
+
+def save(report: SoakReport, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    data = {**asdict(report), "ok": report.ok}
+    (out / "soak.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
