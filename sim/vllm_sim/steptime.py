@@ -29,18 +29,19 @@ class Calibration:
     c_seq_s, allreduce_latency_s, eta_link; objective: mean |log error| of TPOT and E2E on the
     steady stages plus the completion-based throughput of the overloaded reasoning runs), with
     the prompts repeating as the client's shared_prefix data does (prefix caching hits whole
-    prompts, see docs/fidelity.md). What moved: KV reads below the weights' efficiency, a per-
-    sequence cost near 16 us and all-reduces costing ~20 us plus MB-sized transfers at ~30% of
-    NVLink peak; together they make the saturated steps of 34B TP2 and 70B TP4 (128 long
-    sequences) as slow as measured without touching the light-load ones. Result (python -m
-    bench.fidelity): median |error| TPOT 3.6%, E2E p50 4.0%, TTFT p50 2.8%; overload throughput
-    within 15% for Llama-2-7B, CodeLlama-34B and Llama-2-70B, not for Mixtral (its measured
-    saturated TPOT, 37 ms, is 60% above what any shared constants give). The 2024 CI
-    fixed-batch points of simulator-calibration.md §1.2 predate async scheduling.
+    prompts, see docs/fidelity.md); eta_bw_kv then chosen on full-length replays (0.72 / 0.80 /
+    0.85 / 0.90 score 0.242 / 0.228 / 0.242 / 0.266). What moved: KV reads below the weights'
+    efficiency, a per-sequence cost near 16 us, all-reduces costing ~20 us plus MB-sized
+    transfers at ~30% of NVLink peak. One constant cannot serve both MHA Llama-2-7B (its KV
+    streams at ~0.86 of peak at 20 req/s) and GQA 34B/70B with 2-4 KV heads per rank at 128
+    long sequences (~0.5): 0.80 leaves the first ~30% slow at its knee and the second ~20% fast
+    when saturated. Result (python -m bench.fidelity): median |error| TPOT, E2E and TTFT p50
+    within 5%; Mixtral's saturated TPOT (37 ms measured) is far above any shared constants.
+    The 2024 CI fixed-batch points of simulator-calibration.md §1.2 predate async scheduling.
     """
 
     eta_bw_weights: float = 0.90  # achieved / peak HBM bandwidth while streaming weights
-    eta_bw_kv: float = 0.72  # paged-attention KV reads and writes (BLIS's H100 fit: ~0.51)
+    eta_bw_kv: float = 0.80  # paged-attention KV reads and writes (BLIS's H100 fit: ~0.51)
     eta_mfu: float = 0.80  # achieved / peak dense FLOP/s (vidur's A100 34B TP2 prefill: 0.52)
     c_step_s: float = 0.9e-3  # host scheduling, sampling, launch per step (not hidden by async)
     c_seq_s: float = 16e-6  # per scheduled sequence (input prep, sampling; BLIS fit 4.4 us)

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.support.cluster_api import CR, CR_PATH, DEPLOYMENT_PATH, NS, Api, args_of, condition
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
 from tests.support.operator_runner import OperatorThread
+from tests.support.waiting import wait_for
 from vllm_autotuner.adapters.kube import USER_AGENT, KubeCredentials
 from vllm_autotuner.adapters.promql import SnapshotTarget
 from vllm_autotuner.core.render import KNOBS_ANNOTATION
@@ -367,3 +368,27 @@ def oom_kill_later(api: Api, knobs: Knobs) -> str:
             )
             return name
     raise AssertionError(f"no pod runs {knobs}")
+
+
+T = TypeVar("T")
+
+
+def wait_some(predicate: Callable[[], T | None], timeout: float, message: str) -> T:
+    """`wait_for` for predicates that return a value or None (typed without the None)."""
+    value = wait_for(predicate, timeout, message=message)
+    assert value is not None
+    return value
+
+
+def cond_when(
+    api: Api, cond_type: str, status: str, contains: str = ""
+) -> Callable[[], dict[str, Any] | None]:
+    """A predicate: the condition once it has `status` and its message contains `contains`
+    (case-insensitive)."""
+
+    def check() -> dict[str, Any] | None:
+        c = cond(api, cond_type)
+        ok = c.get("status") == status and contains.lower() in str(c.get("message", "")).lower()
+        return c if ok else None
+
+    return check

@@ -34,6 +34,7 @@ from tests.support.faults import (
     template_history,
     trials_of,
     tuning_of,
+    wait_some,
 )
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.render import KNOBS_ANNOTATION
@@ -60,7 +61,7 @@ def test_conflicts_on_status_and_apply_are_retried_with_fresh_state(
     with operator(operator_config(emulator.url, interval_s=1.0)):
         started = time.monotonic()
         wait_for(lambda: live_knobs(api) == START, 20, message="the Deployment despite 409s")
-        status = wait_for(lambda: _converged(api, 1), 20, message="status despite 409s")
+        status = wait_some(lambda: _converged(api, 1), 20, "status despite 409s")
         took = time.monotonic() - started
         assert status_conflicts.hits == 3 and apply_conflicts.hits == 3
         # Retried within seconds, not after kopf's default 60 s handler backoff.
@@ -208,7 +209,7 @@ def test_hand_edited_or_deleted_deployment_is_restored_with_an_event(
     api.create(POLICY_PATH, POLICY)
     api.create(CR_PATH, cr_with_mode("Recommend"))
     with operator(operator_config(emulator.url, interval_s=1.0)):
-        deployment = wait_for(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 20, message="Deployment")
+        deployment = wait_some(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 20, "Deployment")
         wait_for(lambda: _converged(api, 1), 20, message="first status")
         original = args_of(deployment)
         edited = [*original[:-1], "0.5"]
@@ -224,9 +225,7 @@ def test_hand_edited_or_deleted_deployment_is_restored_with_an_event(
         assert "containers[0].args" in restored["message"], restored["message"]
 
         api.delete(f"{DEPLOYMENT_PATH}/llama")
-        recreated = wait_for(
-            lambda: (d := api.get(f"{DEPLOYMENT_PATH}/llama")) and d, 15, message="re-created"
-        )
+        recreated = wait_some(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 15, "re-created")
         assert knobs_of(recreated) == START
         assert recreated["metadata"]["uid"] != deployment["metadata"]["uid"]
         wait_for(

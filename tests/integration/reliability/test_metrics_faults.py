@@ -20,6 +20,7 @@ from tests.support.faults import (
     START,
     FaultySnapshots,
     cond,
+    cond_when,
     cr_with_mode,
     fast_policy,
     live_knobs,
@@ -28,6 +29,7 @@ from tests.support.faults import (
     template_history,
     trials_of,
     tuning_of,
+    wait_some,
 )
 from tests.support.waiting import wait_for
 from vllm_autotuner.local.emulator import EmulatorServer
@@ -37,8 +39,8 @@ EXPECTED_REASON = {
     "down": "ConnectionRefusedError",
     "unavailable": "503",
     "partial": "partial data",
-    "nan": "nan",
-    "reset": "negative",
+    "nan": "rate=nan",
+    "reset": "rate=-",
 }
 
 
@@ -53,14 +55,11 @@ def test_bad_metrics_change_nothing_and_tuning_resumes_without_a_restart(
         # Several cycles of bad data reach the operator (the SLO is missed all along, so
         # good data would have started a rollout at once).
         wait_for(lambda: metrics.served.count(mode) >= 4, 20, message=f"{mode} cycles served")
-        available = wait_for(
-            lambda: (c := cond(api, "MetricsAvailable")).get("status") == "False" and c,
+        wait_some(
+            cond_when(api, "MetricsAvailable", "False", EXPECTED_REASON[mode]),
             10,
-            message="MetricsAvailable=False",
+            f"MetricsAvailable=False saying {EXPECTED_REASON[mode]!r}",
         )
-        assert EXPECTED_REASON[mode] in available["message"].lower() or (
-            EXPECTED_REASON[mode] in available["message"]
-        ), available
         wait_for(lambda: metrics.served.count(mode) >= 6, 20, message="more bad cycles")
         assert live_knobs(api) == START
         assert template_history(emulator) == [START]
@@ -145,14 +144,10 @@ def test_real_prometheus_source_down_or_slow_holds_and_says_why(
     api.create(CR_PATH, cr_with_mode("Auto"))
     with FakeKubelet(emulator.url, NS), operator(config):
         # The first cycles wait for the pods' window; then the queries fail and say so.
-        available = wait_for(
-            lambda: (
-                (c := cond(api, "MetricsAvailable")).get("status") == "False"
-                and "prometheus" in c.get("message", "").lower()
-                and c
-            ),
+        available = wait_some(
+            cond_when(api, "MetricsAvailable", "False", "prometheus"),
             20,
-            message="MetricsAvailable=False with Prometheus' failure",
+            "MetricsAvailable=False with Prometheus' failure",
         )
         if kind == "slow":
             assert silent_prometheus.requests >= 1

@@ -24,6 +24,7 @@ from tests.support.faults import (
     template_history,
     trials_of,
     tuning_of,
+    wait_some,
 )
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.tuning_types import Knobs
@@ -111,10 +112,10 @@ def test_oom_killed_long_after_commit_rolls_back_to_the_previous_good_configurat
         # Much later, under some traffic peak, the committed configuration runs out of memory.
         oom_kill_later(api, committed)
         wait_for(lambda: live_knobs(api) == START, 20, message="rolled back to the start")
-        state = wait_for(
-            lambda: (t := tuning_of(api)) and t.get("infeasible") and t,
+        state = wait_some(
+            lambda: t if (t := tuning_of(api)).get("infeasible") else None,
             10,
-            message="the OOM remembered",
+            "the OOM remembered",
         )
         assert [(i["kind"], i["knobs"]) for i in state["infeasible"]] == [
             ("OOMKilled", committed.to_dict())
