@@ -47,12 +47,16 @@ def prefill_ms(model: str, gpu: str, tp: int, tokens: int) -> float:
 def serving(model: str, tp: int, rate: float, prompt: int, out: int, groups: int,
             prefix: int, seconds: float = 300.0, seed: int = 0) -> tuple[float, float]:  # fmt: skip
     """real-vllm-measurements.md §2 setup: H100, mbt 2048, mns 128, util 0.90, len 4096,
-    Poisson arrivals, shared system prompts; returns mean TTFT and TPOT (ms), warm-up dropped."""
+    Poisson arrivals; returns mean TTFT and TPOT (ms), warm-up dropped.
+
+    inference-perf's shared_prefix data reuse a fixed set of `groups` whole prompts, so prefix
+    caching hits entire prompts (docs/fidelity.md, "Prompts repeat"); `prefix` is unused.
+    """
     rng = np.random.default_rng(seed)
     n = int(rate * seconds)
     t = np.cumsum(rng.exponential(1 / rate, n))
     reqs = [
-        Request(f"s{i}", prompt, out, float(t[i]), f"sys{rng.integers(groups)}", prefix)
+        Request(f"s{i}", prompt, out, float(t[i]), f"prompt{rng.integers(groups)}", prompt)
         for i in range(n)
     ]
     cfg = EngineConfig(model=model, gpu="H100", tensor_parallel_size=tp, max_num_seqs=128,

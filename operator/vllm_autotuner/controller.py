@@ -27,11 +27,13 @@ from vllm_autotuner.core.conditions import ConditionUpdate
 from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
 from vllm_autotuner.core.policy import Resolution, resolve
+from vllm_autotuner.core.rollout import adopt_unrecorded
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.starting_point import StartingPoint, starting_knobs
 from vllm_autotuner.core.status import ChildState, compute_status, readiness, status_patch
 from vllm_autotuner.core.tuning_inputs import (
     deployment_context,
+    deployment_knobs,
     observed_summary,
     pod_health,
     ready_since,
@@ -184,7 +186,15 @@ class Controller:
             if previous_tuning.get("startNote") != note:
                 outcome.events.append(Event("Warning", "KnobsClamped", note))
         tuned = await self._tune(
-            (namespace, name), spec, resolution, policy_spec, start, previous_tuning, pods, now
+            (namespace, name),
+            spec,
+            resolution,
+            policy_spec,
+            start,
+            previous_tuning,
+            pods,
+            now,
+            deployment_knobs(children.get("Deployment")),
         )
         knobs = tuned.knobs
         outcome.events.extend(tuned.events)
@@ -251,6 +261,7 @@ class Controller:
         previous_tuning: Mapping[str, Any],
         pods: Sequence[Mapping[str, Any]],
         now: datetime,
+        live: Knobs | None = None,
     ) -> Tuned:
         """Run one step of the tuner (none in mode Off) and say what it means for status."""
         if resolution.mode == "Off" or policy_spec is None:
@@ -267,6 +278,19 @@ class Controller:
         policy = tuning_policy(resolution, policy_spec)
         ctx = deployment_context(spec)
         state = _state_from_status(previous_tuning) or TuningState.initial(start.knobs)
+        adopted = adopt_unrecorded(state, live, policy, now)
+        adoption: list[Event] = []
+        if adopted is not None:
+            state = adopted
+            adoption.append(
+                Event(
+                    "Warning",
+                    "RolloutAdopted",
+                    f"the Deployment runs {render.knob_label(adopted.applied)}, a rollout that "
+                    f"was applied but not recorded (operator restart?); verifying it as trial "
+                    f"{adopted.next_trial_id() - 1} instead of reverting it",
+                )
+            )
         health = tuple(pod_health(p) for p in pods)
         snapshot = self.observer.latest(key, policy.evaluation_window_s)
         model = self.model_for(key, ctx)
@@ -339,7 +363,7 @@ class Controller:
             knobs=knobs,
             tuning=strip_none(new.to_dict()),
             updates=updates,
-            events=[Event(e.type, e.reason, e.message) for e in decision.events],
+            events=[*adoption, *(Event(e.type, e.reason, e.message) for e in decision.events)],
             observed=observed_summary(snapshot, policy.slo, met) if snapshot.available else None,
             degraded=degraded,
         )

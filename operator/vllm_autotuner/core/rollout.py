@@ -19,7 +19,9 @@ from vllm_autotuner.core.tuning_types import (
     Measured,
     PodHealth,
     RolloutRules,
+    Trial,
     TrialOutcome,
+    TuningPolicy,
     TuningState,
 )
 
@@ -220,3 +222,38 @@ def judge(
 
 def _fmt_ratio(r: float | None) -> str:
     return "unknown" if r is None else f"{r:.0%} of threshold"
+
+
+def adopt_unrecorded(
+    state: TuningState, live: Knobs | None, policy: TuningPolicy, now: datetime
+) -> TuningState | None:
+    """Take over a rollout that was applied but never recorded (the operator died between
+    writing the Deployment and writing status), instead of reverting it and rolling it out
+    again: two needless restarts of every GPU pod. None when `live` is not such a rollout.
+
+    Only what the tuner itself could have chosen is adopted: mode Auto, no trial in flight,
+    inside the bounds, never judged bad, and a rollout the rules allow now. Anything else
+    (a hand edit, a stale read of our own rollback) is restored to `state.applied`.
+    """
+    if live is None or policy.mode != "Auto" or state.phase in ("RollingOut", "Verifying"):
+        return None
+    if live.same_as(state.applied) or not policy.bounds.contains(live):
+        return None
+    if any(live.same_as(i.knobs) for i in state.infeasible):
+        return None
+    if any(live.same_as(t.knobs) for t in state.trials if t.outcome != "Committed"):
+        return None
+    state = roll_day(state, now)
+    if rollout_blocker(state, policy.rollout, now) is not None:
+        return None
+    trial = Trial(id=state.next_trial_id(), knobs=live, started_at=now)
+    return replace(
+        state.with_trial(trial),
+        applied=live,
+        candidate=live,
+        phase="RollingOut",
+        rollout_started_at=now,
+        verify_until=None,
+        last_rollout_at=now,
+        rollouts_today=state.rollouts_today + 1,
+    )

@@ -146,6 +146,34 @@ def pod_health(pod: Mapping[str, Any]) -> PodHealth:
     )
 
 
+def deployment_knobs(deployment: Mapping[str, Any] | None) -> Knobs | None:
+    """The knobs a live Deployment runs, when its pod template is one we rendered: the knob
+    annotation and the container's args agree (a hand edit of the args breaks the match)."""
+    if not deployment:
+        return None
+    template = (deployment.get("spec") or {}).get("template") or {}
+    labelled = parse_knob_label(
+        ((template.get("metadata") or {}).get("annotations") or {}).get(KNOBS_ANNOTATION)
+    )
+    if labelled is None:
+        return None
+    containers = (template.get("spec") or {}).get("containers") or ()
+    args = next(
+        (list(c.get("args") or ()) for c in containers if c.get("name") == CONTAINER_NAME), []
+    )
+    flags = dict(zip(args, args[1:], strict=False))
+    wanted = {
+        "--max-num-batched-tokens": labelled.max_num_batched_tokens,
+        "--max-num-seqs": labelled.max_num_seqs,
+        "--gpu-memory-utilization": labelled.gpu_memory_utilization,
+    }
+    try:
+        same = all(float(flags[flag]) == float(value) for flag, value in wanted.items())
+    except (KeyError, ValueError):
+        return None
+    return labelled if same else None
+
+
 def ready_since(pods: Sequence[Mapping[str, Any]], knobs: Knobs) -> datetime | None:
     """When the last ready pod running `knobs` became ready (the snapshot window starts there)."""
     latest: datetime | None = None
