@@ -21,6 +21,7 @@ import yaml
 from tests.support.crd_validation import validate
 from tests.support.helm import find, render_objects
 
+from e2e.test_closed_loop import DEMO_RATE
 from vllm_autotuner.api.crds import render_crds
 from vllm_autotuner.api.deployment import VLLMDeploymentSpec
 from vllm_autotuner.local.demo import DEMO_DEPLOYMENT, DEMO_POLICY
@@ -162,6 +163,12 @@ def test_the_kind_scenario_is_the_local_scenario_1() -> None:
             assert cr["spec"][key] == DEMO_DEPLOYMENT["spec"][key]
     assert cr["spec"]["gpu"]["product"] == DEMO_DEPLOYMENT["spec"]["gpu"]["product"]
     assert "knobs" not in cr["spec"], "scenario 1 starts from vLLM's defaults"
+    job = one("load-job.yaml")
+    args = dict(
+        a.removeprefix("--").split("=", 1)
+        for a in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert args["workload"] == "rag" and float(args["rate"]) == DEMO_RATE
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")

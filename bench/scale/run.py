@@ -24,15 +24,14 @@ from typing import Any
 
 import requests
 
+from bench.scale.apiserver import api_server
 from bench.scale.kubelet import USER_AGENT as KUBELET_AGENT
 from bench.scale.kubelet import FleetKubelet
 from bench.scale.promstub import StubPrometheus, cycles
-from vllm_autotuner.local.emulator import EmulatorServer
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER_AGENT = "bench-driver"
 GROUP_PATH = "/apis/vllm.autotuner.io/v1alpha1"
-READS = frozenset({"get", "list", "watch"})
 
 POLICY: dict[str, Any] = {
     "apiVersion": "vllm.autotuner.io/v1alpha1",
@@ -196,8 +195,21 @@ def run_once(
     out.mkdir(parents=True, exist_ok=True)
     namespaces = max(1, min(namespaces, n))
     notes: list[str] = []
-    emulator = EmulatorServer(crds=REPO / "crds", max_requests_kept=2_000_000)
-    emulator.start_in_thread()
+    with api_server(REPO / "crds") as emulator:
+        return _run(n, namespaces, emulator, interval_s, idle_cycles, out, timeout_s, notes, log)
+
+
+def _run(
+    n: int,
+    namespaces: int,
+    emulator: Any,
+    interval_s: float,
+    idle_cycles: int,
+    out: Path,
+    timeout_s: float,
+    notes: list[str],
+    log: Any,
+) -> RunResult:
     prom = StubPrometheus().start()
     kubeconfig = emulator.write_kubeconfig(out / f"kubeconfig-{n}.yaml")
     session = requests.Session()
@@ -236,7 +248,7 @@ def run_once(
             cwd=REPO,
         )
         converged = 0
-        with FleetKubelet(emulator.url, prom.pod_namespace.__setitem__):
+        with FleetKubelet(emulator.url, prom.pod_namespace.__setitem__, interval_s=5.0):
             deadline = started + timeout_s
             while time.monotonic() < deadline:
                 if operator.poll() is not None:
@@ -244,7 +256,7 @@ def run_once(
                 converged = _converged(session, emulator.url)
                 if converged >= n:
                     break
-                time.sleep(3)
+                time.sleep(3 if n <= 100 else 10)
             converge_s = time.monotonic() - started
             log(f"  {n}: {converged}/{n} converged in {converge_s:.0f}s")
             if converged < n:
@@ -252,21 +264,16 @@ def run_once(
             # Let the convergence writes drain (last status patches, events) for one interval.
             time.sleep(interval_s)
             before, before_sum = scrape_histogram(metrics_port)
-            emulator.emulator.clear_requests()
+            emulator.clear_requests()
             prom.clear()
             time.sleep(idle_cycles * interval_s + 1)
             after, after_sum = scrape_histogram(metrics_port)
-            records = emulator.emulator.requests
+            records = emulator.writes()
             hits = prom.query_hits()
-        ops = [
-            r
-            for r in records
-            if (r.user_agent or "").split("/")[0] not in (KUBELET_AGENT, DRIVER_AGENT)
+        writes = [
+            r for r in records if r.user_agent.split("/")[0] not in (KUBELET_AGENT, DRIVER_AGENT)
         ]
-        writes = [r for r in ops if r.verb not in READS]
-        by_resource = Counter(
-            f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''}" for r in writes
-        )
+        by_resource = Counter(f"{r.verb} {r.resource}" for r in writes)
         groups = cycles(hits)
         per_cycle = [len(g) for g in groups]
         idle = delta(after, before)
@@ -305,7 +312,6 @@ def run_once(
                 operator.wait(10)
         log_file.close()
         prom.stop()
-        emulator.stop()
 
 
 def save(results: list[RunResult], out: Path) -> None:

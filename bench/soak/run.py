@@ -40,6 +40,16 @@ NAMESPACE = "soak"
 OPERATOR_AGENTS = ("vllm-autotuner/", "kopf/")
 
 
+def operator_write(r: RequestRecord) -> bool:
+    """A write only the operator makes (the pod runner shares its client's user agent, but
+    writes pods, ReplicaSets and Deployment status, never these)."""
+    if r.verb in ("get", "list", "watch") or not (r.user_agent or "").startswith(OPERATOR_AGENTS):
+        return False
+    if r.resource in ("vllmdeployments", "vllmtuningpolicies", "events"):
+        return True
+    return r.resource in ("deployments", "services") and r.subresource is None
+
+
 @dataclass(frozen=True)
 class SoakConfig:
     deployments: int = 3
@@ -232,11 +242,6 @@ class Soak:
 
     def api_errors(self, status: int, times: int) -> str:
         assert self.cluster is not None and self.cluster.emulator is not None
-
-        def operator_write(r: RequestRecord) -> bool:
-            agent = r.user_agent or ""
-            return r.verb not in ("get", "list", "watch") and agent.startswith(OPERATOR_AGENTS)
-
         self.cluster.emulator.emulator.inject(operator_write, status=status, times=times)
         self.report.injected_errors += times
         return f"{times} operator writes answered {status}"
@@ -388,8 +393,7 @@ class Soak:
         writes = Counter(
             f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''} {r.status_code}"
             for r in self.cluster.emulator.emulator.requests
-            if (r.user_agent or "").startswith(OPERATOR_AGENTS)
-            and r.verb not in ("get", "list", "watch")
+            if operator_write(r)
         )
         report.operator_writes = dict(writes)
 

@@ -288,6 +288,7 @@ def build_registry(
         """React at once to a new generation instead of waiting for the timer."""
         if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
             controller.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+            failures.pop(_child_key(body["metadata"]["namespace"], body["metadata"]["name"]), None)
             return
         generation = body.get("metadata", {}).get("generation")
         observed = (body.get("status") or {}).get("observedGeneration")

@@ -7,6 +7,7 @@ the CRD never reaches the tuning logic.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from datetime import datetime, time
 from typing import Any
@@ -161,7 +162,7 @@ def deployment_knobs(deployment: Mapping[str, Any] | None) -> Knobs | None:
     args = next(
         (list(c.get("args") or ()) for c in containers if c.get("name") == CONTAINER_NAME), []
     )
-    flags = dict(zip(args, args[1:], strict=False))
+    flags = dict(itertools.pairwise(args))
     wanted = {
         "--max-num-batched-tokens": labelled.max_num_batched_tokens,
         "--max-num-seqs": labelled.max_num_seqs,

@@ -95,7 +95,10 @@ def check_history(server: EmulatorServer, api: Api, start: Knobs) -> list[dict[s
             assert before in good, f"two rollouts at once: {before} -> {after} in {history}"
     unrecorded = [k for k in history if k not in candidates and k not in good]
     assert not unrecorded, f"the Deployment ran knobs no trial records: {unrecorded}"
-    assert len({k for k in history if k in candidates}) <= len(candidates)
+    # Each trial moves the pods once, and once more when it is rolled back; a restart that
+    # reverted an unrecorded rollout and redid it would restart every GPU pod twice more.
+    moves = sum(1 + (t["outcome"] not in ("Committed", "Pending")) for t in trials)
+    assert len(history) - 1 <= moves, f"needless restarts: {history} for {trials}"
     return trials
 
 
