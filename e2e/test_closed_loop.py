@@ -446,6 +446,11 @@ def test_oom_candidate_is_rolled_back_marked_infeasible_and_service_keeps_servin
     silence = load.longest_silence(t0, time.monotonic())
     assert silence < 10.0, f"no successful request for {silence:.1f} s"
     assert load.successes_since(t0) > 100
+    failed_requests = sum(1 for c in load.completions() if not c.ok)
+    print(
+        f"longest stretch without a successful request: {silence:.1f} s; "
+        f"{load.successes_since(t0)} succeeded, {failed_requests} failed"
+    )
 
 
 def _label(k: Knobs) -> str:
