@@ -329,13 +329,22 @@ class Soak:
         return list(self.api("GET", path).get("items", []))
 
     def settle(self, names: list[str], limit_s: float) -> None:
-        """Wait until no deployment is in the middle of a trial (or the limit passes)."""
+        """Wait until no deployment is in a trial and every Deployment runs what its status
+        says is applied, available (or the limit passes: the checks then say what is wrong)."""
+        assert self.cluster is not None and self.cluster.emulator is not None
+        emulator = self.cluster.emulator.emulator
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
-            phases = [
-                ((i.get("status") or {}).get("tuning") or {}).get("phase") for i in self.items()
-            ]
-            if not any(p in ("RollingOut", "Verifying") for p in phases):
+            settled = True
+            for item in self.items():
+                tuning = (item.get("status") or {}).get("tuning") or {}
+                if tuning.get("phase") in ("RollingOut", "Verifying"):
+                    settled = False
+                name = item["metadata"]["name"]
+                dep = emulator.get_object("apps/v1/deployments", NAMESPACE, name) or {}
+                if not (dep.get("status") or {}).get("availableReplicas"):
+                    settled = False
+            if settled:
                 return
             time.sleep(2)
 
@@ -381,8 +390,11 @@ class Soak:
                 summary["available"] = (dep.get("status") or {}).get("availableReplicas")
                 if not summary["available"]:
                     report.problems.append(f"{name}: no available replica at the end")
-            ready = {c["type"]: c["status"] for c in status.get("conditions") or []}
-            summary["conditions"] = ready
+            summary["conditions"] = {
+                c["type"]: f"{c['status']} {c.get('reason')}: {c.get('message', '')}"[:300]
+                for c in status.get("conditions") or []
+            }
+            summary["lastDecision"] = tuning.get("lastDecision")
             report.deployments.append(summary)
         report.trials = dict(trials)
         events = self.api("GET", f"/api/v1/namespaces/{NAMESPACE}/events").get("items", [])

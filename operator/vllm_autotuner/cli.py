@@ -189,7 +189,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--time-scale", type=float, default=5.0, help="simulated seconds per wall second"
     )
-    p.add_argument("--rate", type=float, default=4.0, help="requests per simulated second")
+    p.add_argument("--rate", type=float, default=5.0, help="requests per simulated second")
     p.add_argument("--workload", default="rag", help="vllm-sim workload preset")
     p.add_argument("--max-minutes", type=float, default=10.0, help="give up after this long")
 

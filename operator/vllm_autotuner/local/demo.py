@@ -72,7 +72,7 @@ DEMO_DEPLOYMENT: dict[str, Any] = {
 class DemoConfig:
     out: Path = Path("demo-report")
     time_scale: float = 5.0  # virtual seconds of the simulated GPU per wall second
-    rate: float = 4.0  # requests per virtual second
+    rate: float = 5.0  # requests per virtual second
     workload: str = "rag"
     max_minutes: float = 10.0
     settle_after_commit_s: float = 40.0

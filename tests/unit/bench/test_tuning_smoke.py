@@ -18,6 +18,8 @@ from bench.tuning.scenario import Scenario, parse
 from bench.tuning.truth import Truth
 from bench.tuning.world import World
 
+from vllm_autotuner.core.tuning_types import Knobs
+
 SMOKE: dict[str, Any] = {
     "name": "smoke-rag-a100",
     "model": "meta-llama/Llama-3.1-8B-Instruct",
@@ -77,9 +79,7 @@ def test_world_counts_restarts_and_failures(scenario: Scenario) -> None:
     defaults = methods.vllm_defaults(scenario)
     world = World(scenario, defaults, horizon_s=600)
     world.advance_to(120)
-    other = methods.clamp(
-        methods.Knobs(1024, 128, defaults.gpu_memory_utilization), scenario.bounds
-    )
+    other = methods.clamp(Knobs(1024, 128, defaults.gpu_memory_utilization), scenario.bounds)
     world.apply(other)
     world.advance_to(150)
     # One replica, maxSurge 0: the only pod is down while the new one loads.
@@ -100,8 +100,9 @@ def test_increase_extrapolates_like_prometheus() -> None:
     (row,) = ev.query('increase(c_total{pod="a"}[60s])', 60)
     # 2/3 per second over a 60 s window; both gaps to the edges are under 1.1 intervals.
     assert row[1] == pytest.approx(40.0)
-    (rate,) = ev.query('sum by (pod) (rate(c_total{pod=~"a|b"}[60s]))', 60)
-    assert rate == ({"pod": "a"}, pytest.approx(40.0 / 60))
+    ((labels, rate),) = ev.query('sum by (pod) (rate(c_total{pod=~"a|b"}[60s]))', 60)
+    assert labels == {"pod": "a"}
+    assert rate == pytest.approx(40.0 / 60)
 
 
 def test_increase_survives_a_counter_reset() -> None:
