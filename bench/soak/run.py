@@ -263,7 +263,8 @@ class Soak:
 
     def run(self) -> SoakReport:
         cfg = self.config
-        workdir = cfg.out / "run"
+        # Absolute: Prometheus resolves file_sd paths against its config file's directory.
+        workdir = (cfg.out / "run").resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         try:
@@ -395,6 +396,13 @@ class Soak:
                 for c in status.get("conditions") or []
             }
             summary["lastDecision"] = tuning.get("lastDecision")
+            metrics: dict[str, Any] = next(
+                (c for c in status.get("conditions") or [] if c["type"] == "MetricsAvailable"), {}
+            )
+            if metrics.get("status") != "True":
+                report.problems.append(
+                    f"{name}: no metrics at the end: {metrics.get('message', 'no condition')}"
+                )
             report.deployments.append(summary)
         report.trials = dict(trials)
         events = self.api("GET", f"/api/v1/namespaces/{NAMESPACE}/events").get("items", [])
@@ -408,6 +416,8 @@ class Soak:
             if operator_write(r)
         )
         report.operator_writes = dict(writes)
+        if report.rollouts == 0:
+            report.problems.append("no rollout happened: the run exercised no trial")
 
 
 def save(report: SoakReport, out: Path) -> None:

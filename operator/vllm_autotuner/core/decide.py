@@ -23,7 +23,7 @@ from vllm_autotuner.core.rollout import (
     rollout_blocker,
     rollout_progress,
 )
-from vllm_autotuner.core.search import SearchResult, search
+from vllm_autotuner.core.search import SearchResult, is_forbidden, search
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.tuning_types import (
     Action,
@@ -32,6 +32,7 @@ from vllm_autotuner.core.tuning_types import (
     Event,
     InfeasibleConfig,
     InfeasibleKind,
+    KnobBounds,
     Knobs,
     Phase,
     Predicted,
@@ -452,6 +453,23 @@ def _steady(
                 f"{diag.kind}: {diag.evidence}; the suggested direction does not help, but "
                 f"{free.reason}"
             )
+    if diag.violates_slo and not res.worth_rollout:
+        probe = _exploration(applied, policy, diag, state)
+        if probe is not None:
+            # The model sees no fix, but the SLO is violated now and the diagnosis says which
+            # way the steps are wrong: try one bounded step that way and let verification
+            # judge it on live traffic. A regression forbids exactly these knobs, so the
+            # exploration never repeats itself.
+            res = replace(
+                res,
+                best=probe,
+                prediction=model.predict(probe, workload, cal),
+                gain_pct=0.0,
+                worth_rollout=True,
+                reason=f"the model predicts no fix; exploring {probe.describe()} one step in "
+                "the diagnosed direction, to be verified on live traffic",
+            )
+            summary = f"{diag.kind}: {diag.evidence}; {res.reason}"
     if not res.worth_rollout or res.best is None or res.prediction is None:
         return _done(
             replace(s, phase="Observing", recommendation=None),
@@ -493,3 +511,34 @@ def _steady(
     return _done(
         s, now, "rollout", text, best, (Event("Normal", "RolloutStarted", text),), diag, pred
     )
+
+
+def _exploration(
+    applied: Knobs, policy: TuningPolicy, diag: Diagnosis, state: TuningState
+) -> Knobs | None:
+    """One step along the diagnosis' directions for the batching knobs, inside every rule.
+
+    Halves (or doubles) a knob, capped by the policy's maxStep and bounds; never touches
+    gpu_memory_utilization (only measured stability may raise it) and keeps
+    max_num_seqs <= max_num_batched_tokens as vLLM requires.
+    """
+    b = policy.bounds
+
+    def step(value: int, direction: int, kb: KnobBounds) -> int:
+        if direction < 0:
+            target = value - min(kb.max_step, value / 2)
+        elif direction > 0:
+            target = value + min(kb.max_step, value)
+        else:
+            return value
+        return int(min(max(round(target), kb.min), kb.max))
+
+    mnbt = step(applied.max_num_batched_tokens, diag.directions.mnbt, b.mnbt)
+    mns = step(applied.max_num_seqs, diag.directions.mns, b.mns)
+    mns = min(mns, mnbt)
+    probe = Knobs(mnbt, mns, applied.gpu_memory_utilization)
+    if probe.same_as(applied) or not b.contains(probe) or not b.within_step(applied, probe):
+        return None
+    if is_forbidden(probe, state.infeasible) is not None:
+        return None
+    return probe

@@ -11,10 +11,10 @@ import contextlib
 import copy
 import itertools
 import re
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, find, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -212,3 +212,19 @@ def test_abbreviated_knob_flags_are_refused(arg: str) -> None:
     assume(abbreviates_knob(arg) is not None)
     with pytest.raises(ValidationError):
         VLLMDeploymentSpec.model_validate(raw)
+
+
+def test_the_strategy_reaches_accepted_specs_with_extra_args() -> None:
+    """Guard against a vacuous property: accepted specs with extra args are generated."""
+
+    def accepted_with_args(raw: dict[str, Any]) -> bool:
+        try:
+            spec = VLLMDeploymentSpec.model_validate(raw)
+        except ValidationError:
+            return False
+        return len(spec.engine.extra_args) >= 2 and spec.served_model_name is not None
+
+    found = cast(
+        dict[str, Any], find(valid_specs, accepted_with_args, settings=settings(max_examples=2000))
+    )
+    assert found["engine"]["extraArgs"]

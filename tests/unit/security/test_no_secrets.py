@@ -30,7 +30,7 @@ from vllm_autotuner.operator import OperatorConfig
 
 REPO = Path(__file__).resolve().parents[3]
 GROUP_PATH = "/apis/vllm.autotuner.io/v1alpha1"
-POLICY = {
+POLICY: dict[str, Any] = {
     "apiVersion": "vllm.autotuner.io/v1alpha1",
     "kind": "VLLMTuningPolicy",
     "metadata": {"name": "default"},
@@ -41,7 +41,7 @@ POLICY = {
         }
     },
 }
-CR = {
+CR: dict[str, Any] = {
     "apiVersion": "vllm.autotuner.io/v1alpha1",
     "kind": "VLLMDeployment",
     "metadata": {"name": "llama", "namespace": "team-a"},
@@ -135,12 +135,17 @@ def test_tokens_never_reach_logs_status_or_events(
         # Rotation: the file changes, the server still wants the old token -> 401s.
         rotated = secrets.token_hex(16)
         rig.token_file.write_text(rotated + "\n")
+
+        def refused_condition() -> dict[str, Any] | None:
+            cond = rig.metrics_condition()
+            return cond if cond and "401" in cond["message"] else None
+
         refused = wait_for(
-            lambda: (c := rig.metrics_condition()) and "401" in c["message"] and c,
+            refused_condition,
             timeout=30,
             message="the refused token to show in status",
         )
-        assert refused["status"] == "False"
+        assert refused is not None and refused["status"] == "False"
         assert any(not h.authorized for h in rig.prom.query_hits())
     finally:
         operator.stop()

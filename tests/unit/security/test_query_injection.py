@@ -20,7 +20,8 @@ from typing import Any, cast
 
 import pytest
 
-from tests.unit.security.test_hostile_inputs import POLICY, RecordingKube
+from tests.unit.security.corpus import POLICY
+from tests.unit.security.test_hostile_inputs import RecordingKube
 from vllm_autotuner.adapters.kube import KubeClient
 from vllm_autotuner.adapters.prometheus import PrometheusSource
 from vllm_autotuner.adapters.promql import SnapshotTarget
@@ -106,14 +107,20 @@ def target_from_operator(pods: list[str]) -> SnapshotTarget:
     body = _body()
 
     async def twice() -> None:
-        common = {"policies": {"default": POLICY["spec"]}, "namespace_labels": {}}
-        await controller.reconcile(body, children={"Deployment": None, "Service": None}, **common)
+        policies = {"default": POLICY["spec"]}
+        await controller.reconcile(
+            body,
+            policies=policies,
+            namespace_labels={},
+            children={"Deployment": None, "Service": None},
+        )
         deployment = next(m for m in kube.applied if m["kind"] == "Deployment")
         await controller.reconcile(
             body,
             children={"Deployment": deployment, "Service": None},
             pods=[_pod(deployment, p) for p in pods],
-            **common,
+            policies=policies,
+            namespace_labels={},
         )
         await controller.observer.refresh()
 
