@@ -20,8 +20,10 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -231,6 +233,8 @@ class PrometheusSource:
         if rate_scale <= 0:
             raise ValueError("rate_scale must be positive")
         self.url = url.rstrip("/")
+        # What messages, logs and status may show: the URL without user:password@.
+        self.display_url = _without_userinfo(self.url)
         self.timeout_s = float(timeout_s)
         self.bearer_token_file = bearer_token_file
         self.ca_file = ca_file
@@ -257,15 +261,44 @@ class PrometheusSource:
         """One Snapshot per target, keyed by (namespace, name); never raises for I/O trouble."""
         try:
             async with self._session() as transport:
-                return await self._cycle(transport, targets, now)
+                results = await self._cycle(transport, targets, now)
+            return {key: self._redacted(snap) for key, snap in results.items()}
         except (OSError, ssl.SSLError, ValueError) as exc:  # e.g. an unreadable CA bundle
-            log.warning("cannot query Prometheus at %s: %s", self.url, exc)
-            reason = f"cannot query Prometheus at {self.url}: {type(exc).__name__}: {exc}"
+            log.warning(
+                "cannot query Prometheus at %s: %s", self.display_url, self.redact(str(exc))
+            )
+            reason = f"cannot query Prometheus at {self.display_url}: {type(exc).__name__}: {exc}"
         except Exception as exc:
             # A bug here must not stop the reconcile of every deployment: say so and go on.
             log.exception("Prometheus snapshot cycle failed")
             reason = f"internal error reading Prometheus: {type(exc).__name__}: {exc}"
+        reason = self.redact(reason)
         return {t.key: Snapshot.unavailable(now, t.window_s, reason) for t in targets}
+
+    def redact(self, text: str) -> str:
+        """`text` without the credentials this source sends (a server may echo them back)."""
+        text = text.replace(self.url, self.display_url)
+        for secret in self._secrets():
+            text = text.replace(secret, "[REDACTED]")
+        return text
+
+    def _redacted(self, snap: Snapshot) -> Snapshot:
+        return snap if not snap.reason else replace(snap, reason=self.redact(snap.reason))
+
+    def _secrets(self) -> list[str]:
+        found = []
+        parts = urlsplit(self.url)
+        if parts.password:
+            found.append(parts.password)
+        if self.bearer_token_file is not None:
+            try:
+                with open(self.bearer_token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            except OSError:
+                token = ""
+            if len(token) >= 4:  # never "redact" every single letter of a message
+                found.append(token)
+        return found
 
     def snapshots_sync(
         self, targets: Sequence[SnapshotTarget], now: datetime | None = None
@@ -351,7 +384,7 @@ class PrometheusSource:
         available = [str(n) for n in data] if isinstance(data, list) else []
         names = resolve_names(available)
         if self.names is None or dict(names.names) != dict(self.names.names):
-            log.info("Prometheus %s: vLLM metric names %s", self.url, dict(names.names))
+            log.info("Prometheus %s: vLLM metric names %s", self.display_url, dict(names.names))
         self.names = names
         self._discovered_at = time.monotonic()
         self._names_suspect = False
@@ -414,13 +447,15 @@ class PrometheusSource:
         try:
             names = await self._names_for_cycle(transport, now)
         except PrometheusUnreachable as exc:
-            log.warning("Prometheus unreachable at %s: %s", self.url, exc)
-            return fail_all(f"Prometheus unreachable at {self.url}: {exc}")
+            log.warning("Prometheus unreachable at %s: %s", self.display_url, self.redact(str(exc)))
+            return fail_all(f"Prometheus unreachable at {self.display_url}: {exc}")
         except PrometheusQueryError as exc:
-            return fail_all(f"Prometheus at {self.url} refused the metric name lookup: {exc}")
+            return fail_all(
+                f"Prometheus at {self.display_url} refused the metric name lookup: {exc}"
+            )
         if not names.get(REQUIRED_SIGNAL):
             return fail_all(
-                f"no vllm metrics in Prometheus at {self.url} in the last "
+                f"no vllm metrics in Prometheus at {self.display_url} in the last "
                 f"{DISCOVERY_LOOKBACK.total_seconds() / 3600:g}h (looked for vllm:* and vllm_*)"
             )
 
@@ -481,13 +516,15 @@ class PrometheusSource:
                 try:
                     result = await self._counted(transport.query(expr, at))
                 except PrometheusUnreachable as exc:
-                    message = f"Prometheus unreachable at {self.url}: {exc}"
+                    message = f"Prometheus unreachable at {self.display_url}: {exc}"
                     if not dead:
-                        log.warning("%s", message)
+                        log.warning("%s", self.redact(message))
                         dead.append(message)
                     return QueryFailure(message, unreachable=True)
                 except PrometheusQueryError as exc:
-                    log.warning("Prometheus query failed: %s (%s)", exc, expr[:200])
+                    log.warning(
+                        "Prometheus query failed: %s (%s)", self.redact(str(exc)), expr[:200]
+                    )
                     return QueryFailure(f"Prometheus query failed: {exc}")
                 return parse_vector(result)
 
@@ -558,3 +595,14 @@ class _SessionScope:
     async def __aexit__(self, *exc: object) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -154,11 +154,6 @@ def test_tokens_never_reach_logs_status_or_events(
     assert leaks(rig.everything_written(), first, rotated, kube_token) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Prometheus adapter copies the server's error text into logs and status "
-    "without redacting the bearer token it sent (adapters/prometheus.py _error_text)",
-)
 def test_a_server_that_echoes_the_token_does_not_leak_it(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -178,11 +173,6 @@ def test_a_server_that_echoes_the_token_does_not_leak_it(
     assert leaks(caplog.text + rig.everything_written(), sent) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Prometheus URL is quoted verbatim, user:password included, in logs and in "
-    "status.conditions (adapters/prometheus.py: 'cannot query Prometheus at {url}')",
-)
 def test_credentials_in_the_prometheus_url_are_not_published(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
