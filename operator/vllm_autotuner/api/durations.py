@@ -28,8 +28,14 @@ def duration_seconds(text: str) -> float:
     return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in _PART.findall(text))
 
 
+# Nothing the operator waits for is longer than a year; beyond it, datetime arithmetic on the
+# value overflows (a "100000000h" window would fail every reconcile instead of being refused).
+DURATION_MAX_SECONDS = 366 * 24 * 3600.0
+
+
 def _check_duration(text: str) -> str:
-    duration_seconds(text)
+    if duration_seconds(text) > DURATION_MAX_SECONDS:
+        raise ValueError(f"duration {text!r} is longer than a year (366d = 8784h)")
     return text
 
 

@@ -7,6 +7,7 @@ roll out, how much evidence it needs, and which SLO the deployments must meet.
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -141,6 +142,17 @@ class MaintenanceWindow(SpecModel):
         pattern=r"^[A-Za-z0-9_+\-/]+$",
         description="IANA time zone name.",
     )
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, tz: str) -> str:
+        # The pattern admits any path-like name; only a zone the tz database knows can be used
+        # to place a window (an unknown one would fail at the first rollout, not at admission).
+        try:
+            ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown IANA time zone {tz!r} (e.g. UTC, Europe/Paris)") from None
+        return tz
 
     @field_validator("days")
     @classmethod
