@@ -63,7 +63,9 @@ class LocalCluster:
         handle_sigterm: bool = False,
     ) -> None:
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp("-cluster"))
+        self.workdir = (
+            Path(workdir) if workdir is not None else Path(tempfile.mkdtemp("-cluster"))
+        ).resolve()
         self.time_scale = time_scale
         self.speed = speed
         self.sim_env = dict(sim_env or {})

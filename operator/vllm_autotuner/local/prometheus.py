@@ -107,7 +107,11 @@ class PrometheusServer:
         ready_timeout: float = 30.0,
     ) -> None:
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir if workdir is not None else tempfile.mkdtemp(prefix="prom-"))
+        # Absolute: the config names the targets file, and Prometheus resolves relative paths
+        # against its own config directory, not our working directory.
+        self.workdir = Path(
+            workdir if workdir is not None else tempfile.mkdtemp(prefix="prom-")
+        ).resolve()
         self.scrape_interval = scrape_interval
         self.evaluation_interval = evaluation_interval or scrape_interval
         self.retention = retention

@@ -64,14 +64,6 @@ ABBREVIATION_HOLE = (
     "vLLM's argparse accepts unambiguous prefixes (allow_abbrev, vllm.md §2.1): "
     "--max-num-seq=N sets --max-num-seqs; the owned-flag rule only matches whole names"
 )
-TIMEZONE_HOLE = (
-    "an unknown IANA zone passes the pattern, the policy says Valid and decide() raises "
-    "ZoneInfoNotFoundError at the first rollout instead of a PolicyInvalid condition"
-)
-HUGE_DURATION_HOLE = (
-    "durations have a pattern but no upper bound: '100000000h' is admitted and Valid, and "
-    "now + timedelta(...) raises OverflowError at the first rollout, on every reconcile"
-)
 
 
 @dataclass(frozen=True)
