@@ -362,18 +362,8 @@ def _into_bounds(state: TuningState, policy: TuningPolicy, now: datetime) -> Dec
     if blocker is not None:
         text = f"{why}; moving to {target.describe()} waits: {blocker}"
         return _done(replace(state, phase="Holding"), now, "hold", text)
-    trial = Trial(id=state.next_trial_id(), knobs=target, started_at=now)
-    s = replace(
-        state.with_trial(trial),
-        applied=target,
-        candidate=target,
-        phase="RollingOut",
-        rollout_started_at=now,
-        verify_until=None,
-        last_rollout_at=now,
-        rollouts_today=state.rollouts_today + 1,
-        recommendation=None,
-    )
+    s, trial = _start_trial(state, target, now)
+    s = replace(s, recommendation=None)
     text = f"rollout {target.describe()} (trial {trial.id}, from {applied.describe()}): {why}"
     return _done(s, now, "rollout", text, target, (Event("Normal", "RolloutStarted", text),))
 
@@ -496,17 +486,7 @@ def _steady(
     blocker = rollout_blocker(s, policy.rollout, now)
     if blocker is not None:
         return _done(s, now, "hold", f"{summary}; rollout waits: {blocker}", None, (), diag, pred)
-    trial = Trial(id=s.next_trial_id(), knobs=best, started_at=now)
-    s = replace(
-        s.with_trial(trial),
-        applied=best,
-        candidate=best,
-        phase="RollingOut",
-        rollout_started_at=now,
-        verify_until=None,
-        last_rollout_at=now,
-        rollouts_today=s.rollouts_today + 1,
-    )
+    s, trial = _start_trial(s, best, now)
     text = f"rollout {best.describe()} (trial {trial.id}, from {applied.describe()}): {summary}"
     return _done(
         s, now, "rollout", text, best, (Event("Normal", "RolloutStarted", text),), diag, pred
@@ -542,3 +522,19 @@ def _exploration(
     if is_forbidden(probe, state.infeasible) is not None:
         return None
     return probe
+
+
+def _start_trial(state: TuningState, knobs: Knobs, now: datetime) -> tuple[TuningState, Trial]:
+    """The state of a rollout of `knobs` begun now: one new pending trial, counted once."""
+    trial = Trial(id=state.next_trial_id(), knobs=knobs, started_at=now)
+    started = replace(
+        state.with_trial(trial),
+        applied=knobs,
+        candidate=knobs,
+        phase="RollingOut",
+        rollout_started_at=now,
+        verify_until=None,
+        last_rollout_at=now,
+        rollouts_today=state.rollouts_today + 1,
+    )
+    return started, trial
