@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,6 +45,9 @@ from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs, Tuni
 from vllm_autotuner.observer import Observer
 
 log = logging.getLogger(__name__)
+
+# How long our own apply's answer stands in for a child the watch has not delivered yet.
+APPLIED_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ class Controller:
         self.model_factory = model_factory or (lambda ctx: AnalyticModel(ctx.gpu_product))
         self._models: dict[tuple[str, str], tuple[DeploymentContext, PerformanceModel]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # What our own applies returned: fresher than the watch-fed indexes for a moment, so a
+        # reconcile right after an apply does not apply (and announce) the same child again.
+        self._applied: dict[tuple[str, str, str], tuple[float, Mapping[str, Any]]] = {}
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One reconcile at a time per object: the timer and the event handlers share it."""
@@ -99,6 +106,8 @@ class Controller:
 
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
+        for kind in ("Deployment", "Service"):
+            self._applied.pop((namespace, name, kind), None)
         self._models.pop((namespace, name), None)
         self.observer.forget((namespace, name))
         if self.metrics is not None:
@@ -134,6 +143,7 @@ class Controller:
         previous = dict(body.get("status") or {})
         outcome = Outcome()
         now = self.clock()
+        children = self._freshest(namespace, name, children)
         child = ChildState.from_manifest(children.get("Deployment"))
         updates: list[ConditionUpdate] = []
         fields: dict[str, Any] = {}
@@ -207,7 +217,8 @@ class Controller:
         for kind, manifest in desired.items():
             live = children.get(kind)
             if live is None or render.drifted(manifest, live):
-                await self.kube.apply(manifest)
+                result = await self.kube.apply(manifest)
+                self._applied[(namespace, name, kind)] = (time.monotonic(), result)
                 outcome.applied.append(kind)
         if "Deployment" in outcome.applied:
             outcome.events.append(
@@ -242,6 +253,30 @@ class Controller:
             namespace, name, previous, generation, now, updates, fields, outcome
         )
         return outcome
+
+    def child_deleted(self, namespace: str, name: str, kind: str) -> None:
+        """The watch saw our child deleted: what we applied before no longer stands."""
+        self._applied.pop((namespace, name, kind), None)
+
+    def _freshest(
+        self, namespace: str, name: str, children: Mapping[str, Mapping[str, Any] | None]
+    ) -> dict[str, Mapping[str, Any] | None]:
+        """Each child as the newest of the index's copy and our last apply's answer."""
+        merged = dict(children)
+        for kind in ("Deployment", "Service"):
+            entry = self._applied.get((namespace, name, kind))
+            if entry is None:
+                continue
+            applied_at, ours = entry
+            live = merged.get(kind)
+            if live is None:
+                # The index may lag our own create; past a few seconds an absent child is
+                # really absent (deleted by someone) and must be re-created.
+                if time.monotonic() - applied_at < APPLIED_GRACE_S:
+                    merged[kind] = ours
+            elif _resource_version(ours) > _resource_version(live):
+                merged[kind] = ours
+        return merged
 
     def model_for(self, key: tuple[str, str], ctx: DeploymentContext) -> PerformanceModel:
         """One model per deployment, kept across reconciles so its caches pay off."""
@@ -559,3 +594,12 @@ def keep_stamp(
         if same:
             result[key] = {**fresh, stamp: stale[stamp]}
     return result
+
+
+def _resource_version(obj: Mapping[str, Any]) -> int:
+    """resourceVersions are opaque strings, but an API server's are integers that only grow
+    (the emulator's and etcd's); an unreadable one counts as oldest."""
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0

@@ -316,6 +316,8 @@ def build_registry(
             return
         # The event is fresher than the index: use it (a deleted child gets re-created).
         child = None if type == "DELETED" else dict(body)
+        if child is None:
+            controller.child_deleted(namespace, owners[0]["name"], "Deployment")
         await run_reconcile(owner, kwargs, {"Deployment": child})
 
     return registry, controller

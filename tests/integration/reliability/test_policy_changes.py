@@ -127,7 +127,8 @@ def test_policy_tightened_below_the_running_knobs_moves_them_inside(
             return k if k is not None and k.max_num_batched_tokens <= ceiling else None
 
         moved = wait_some(inside, 30, "the Deployment moved inside the new bounds")
-        (trial,) = trials_of(api)
+        # The Deployment is written before status: wait for the trial to be recorded too.
+        (trial,) = wait_for(lambda: trials_of(api), 15, message="the move recorded as a trial")
         assert trial["knobs"] == moved.to_dict(), "the move is a recorded trial"
         wait_for(
             lambda: [t for t in trials_of(api) if t["outcome"] == "Committed"],
