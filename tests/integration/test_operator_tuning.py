@@ -7,35 +7,13 @@ from typing import Any
 
 from tests.support.cluster_api import CR, CR_PATH, DEPLOYMENT_PATH, NS, POLICY_PATH, Api, args_of
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
+from tests.support.faults import fast_policy
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.tuning_types import Knobs
 from vllm_autotuner.local.emulator import EmulatorServer
 
 START = Knobs(max_num_batched_tokens=8192, max_num_seqs=256, gpu_memory_utilization=0.92)
-
-
-def fast_policy(**rollout: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "vllm.autotuner.io/v1alpha1",
-        "kind": "VLLMTuningPolicy",
-        "metadata": {"name": "default"},
-        "spec": {
-            "slo": {
-                "ttft": {"percentile": 95, "thresholdMs": 800},
-                "itl": {"percentile": 95, "thresholdMs": 50},
-            },
-            "minRequestsPerWindow": 20,
-            "evaluationWindow": "2s",
-            "rollout": {
-                "minInterval": "0s",
-                "maxPerDay": 20,
-                "verifyWindow": "2s",
-                "readyTimeout": "30s",
-                **rollout,
-            },
-        },
-    }
 
 
 def knobs_of(deployment: dict[str, Any] | None) -> Knobs | None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import copy
 
-from tests.integration.test_operator_tuning import fast_policy, tuning
+from tests.integration.test_operator_tuning import tuning
 from tests.support.cluster_api import CR, CR_PATH, DEPLOYMENT_PATH, NS, POLICY_PATH, Api
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
+from tests.support.faults import fast_policy
 from tests.support.helm import Rule, chart_rbac_rules
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
