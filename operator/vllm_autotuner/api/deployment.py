@@ -63,22 +63,76 @@ OWNED_FLAGS: tuple[str, ...] = (
 SHORT_OWNED_FLAGS: tuple[str, ...] = ("tp",)
 """vLLM's short alias -tp for --tensor-parallel-size."""
 
+CONFIG_FLAG = "config"
+"""``vllm serve --config FILE`` turns the keys of a YAML file into flags, so the file could set
+any owned flag (``kv_cache_memory_bytes`` makes vLLM ignore the tuned --gpu-memory-utilization);
+extraArgs may not name it, or abbreviate it, any more than an owned flag."""
+
+
+def _any_prefix(names: tuple[str, ...]) -> str:
+    """RE2 (and Python) syntax for any non-empty prefix of any of ``names``.
+
+    vLLM's parser is argparse with ``allow_abbrev``: an unambiguous prefix of a long option
+    selects it (``--max-num-seq=1`` sets --max-num-seqs), and which prefixes are unambiguous
+    depends on every flag of the running vLLM version, which the operator cannot know. So every
+    prefix is refused, down to one letter; no vLLM flag we know of is itself a prefix of an
+    owned one (the old ``--device`` was, and without it ``--device`` would abbreviate
+    --device-memory-utilization). Built as a trie with nested optional groups, so the pattern
+    grows with the total length of the names, not with the number of prefixes. A dash also
+    matches an underscore: vLLM turns underscores in flag names into dashes before parsing.
+    """
+    trie: dict[str, Any] = {}
+    for name in names:
+        if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", name):
+            raise ValueError(f"not a flag name: {name!r}")  # keeps the CEL literal escape-free
+        node = trie
+        for char in name:
+            node = node.setdefault(char, {})
+
+    def branches(node: dict[str, Any]) -> str:
+        out = []
+        for char, child in sorted(node.items()):
+            atom = "[-_]" if char == "-" else char
+            out.append(atom + (f"(?:{branches(child)})?" if child else ""))
+        return "|".join(out)
+
+    return branches(trie)
+
 
 def _owned_flag_pattern() -> str:
-    long_forms = "|".join(f.replace("-", "[-_]") for f in OWNED_FLAGS)
-    short_forms = "|".join(SHORT_OWNED_FLAGS)
-    return f"^(--({long_forms})|-({short_forms}))(=.*)?$"
+    """Long options: ``--`` then a name that abbreviates an owned flag or --config, ended by
+    the end of the argument, ``=`` (its value) or ``.`` (vLLM's dotted form --flag.key=value,
+    which passes the key before the dot as the flag). Short options: anything that starts like
+    one (``-tp``, ``-tp=8``, ``-tp8``, and ``-t``, which argparse resolves to -tp)."""
+    long_names = _any_prefix((*OWNED_FLAGS, CONFIG_FLAG))
+    short_initials = "|".join(sorted({f[0] for f in SHORT_OWNED_FLAGS}))
+    return f"^(?:--(?:{long_names})(?:[=.]|$)|-(?:{short_initials}))"
 
 
 OWNED_FLAG_PATTERN = _owned_flag_pattern()
-_OWNED_FLAG = re.compile(OWNED_FLAG_PATTERN, re.DOTALL)
+# RE2's `$` is the end of the text; Python's also matches before a final newline, so Python
+# reads it as \Z and both engines give the same answer for every string.
+_OWNED_FLAG = re.compile(OWNED_FLAG_PATTERN.replace("$", r"\Z"))
 _PERCENT = re.compile(PERCENT_OR_INT_PATTERN)
+
+
+def sets_owned_flag(arg: str) -> bool:
+    """Whether vLLM could read ``arg`` as an owned flag, an abbreviation of one, or --config.
+
+    The CRD's CEL rule runs the same pattern (CEL ``matches`` is an unanchored RE2 search, like
+    ``re.search`` here), and render() calls this again, so the three checks cannot drift apart.
+    A flag's value in the next list element (``["--max-num-seq", "1"]``) is caught by the flag.
+    """
+    return _OWNED_FLAG.search(arg) is not None
+
 
 EXTRA_ARG_NOT_OWNED = Rule(
     rule=f"!self.matches('{OWNED_FLAG_PATTERN}')",
     message=(
         "extraArgs must not set flags the operator owns (model, port, host, parallelism, dtype,"
-        " block size, prefix caching, max-model-len and the tuned knobs); use the spec fields"
+        " block size, prefix caching, max-model-len and the tuned knobs), nor any prefix of one"
+        " (vLLM accepts abbreviations), nor --config (a config file could set them);"
+        " use the spec fields"
     ),
 )
 TP_LE_GPU_COUNT = Rule(
@@ -191,7 +245,7 @@ class EngineSpec(SpecModel):
     @classmethod
     def _not_owned(cls, args: list[str]) -> list[str]:
         for arg in args:
-            if _OWNED_FLAG.search(arg):
+            if sets_owned_flag(arg):
                 raise ValueError(f"{EXTRA_ARG_NOT_OWNED.message} (got {arg!r})")
         return args
 

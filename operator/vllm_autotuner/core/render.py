@@ -17,36 +17,13 @@ from vllm_autotuner import (
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
 )
-from vllm_autotuner.api.deployment import VLLMDeploymentSpec
+from vllm_autotuner.api.deployment import VLLMDeploymentSpec, sets_owned_flag
 from vllm_autotuner.core.tuning_types import Knobs
 
 CONTAINER_NAME = "vllm"
 PORT_NAME = "http"
 CONTAINER_PORT = 8000
 KNOBS_ANNOTATION = f"{GROUP}/knobs"
-
-# Flags the operator sets itself; the API rejects them in extraArgs, and render() refuses them
-# again so a spec that bypassed admission still cannot override the tuner.
-OWNED_FLAGS = frozenset(
-    {
-        "--model",
-        "--port",
-        "--host",
-        "--served-model-name",
-        "--tensor-parallel-size",
-        "-tp",
-        "--max-num-batched-tokens",
-        "--max-num-seqs",
-        "--gpu-memory-utilization",
-        "--device-memory-utilization",
-        "--max-model-len",
-        "--dtype",
-        "--kv-cache-dtype",
-        "--block-size",
-        "--enable-prefix-caching",
-        "--no-enable-prefix-caching",
-    }
-)
 
 # Metadata that belongs to the tools that manage the CR, never to its children: copying Argo CD
 # tracking onto children makes Argo CD prune or diff them (kubernetes-conventions.md §4.2).
@@ -154,9 +131,11 @@ def vllm_args(spec: VLLMDeploymentSpec, knobs: Knobs) -> list[str]:
         args += ["--block-size", str(engine.block_size)]
     args += knob_args(knobs)
     for extra in engine.extra_args:
-        flag = extra.split("=", 1)[0]
-        if flag in OWNED_FLAGS:
-            raise ValueError(f"extraArgs may not set {flag}: the operator owns it")
+        # The API refuses these already; refusing again here means a spec that bypassed
+        # admission and validation (model_construct, a stale CRD) still cannot override the
+        # tuner, and the rule is the API's own (prefixes and --config included).
+        if sets_owned_flag(extra):
+            raise ValueError(f"extraArgs may not set {extra!r}: the operator owns that flag")
         args.append(extra)
     return args
 

@@ -25,8 +25,20 @@ FREE_ARGS = [
     "--scheduling-policy=priority",
     "-O3",
     "--trust-remote-code",
+    "--max-logprobs=5",
+    "--config-format=hf",
+    "--model-impl=vllm",
 ]
-OWNED_ARGS = [f"--{f}" for f in OWNED_FLAGS] + ["--max_num_seqs=8", "-tp", "--port=1"]
+OWNED_ARGS = [f"--{f}" for f in OWNED_FLAGS] + [
+    "--max_num_seqs=8",
+    "-tp",
+    "--port=1",
+    "--max-num-seq=8",
+    "--gpu_mem",
+    "--config",
+    "--conf=x.yaml",
+    "-t",
+]
 
 models = st.from_regex(MODEL_PATTERN, fullmatch=True).filter(lambda s: len(s) <= 253)
 names = st.from_regex(K8S_NAME_PATTERN, fullmatch=True).filter(lambda s: len(s) <= 253)

