@@ -29,6 +29,7 @@ from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
 from vllm_autotuner.core.policy import Resolution, resolve
 from vllm_autotuner.core.rollout import adopt_unrecorded
+from vllm_autotuner.core.search_memo import SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.starting_point import StartingPoint, starting_knobs
 from vllm_autotuner.core.status import ChildState, compute_status, readiness, status_patch
@@ -95,6 +96,8 @@ class Controller:
         self.metrics = metrics
         self.model_factory = model_factory or (lambda ctx: AnalyticModel(ctx.gpu_product))
         self._models: dict[tuple[str, str], tuple[DeploymentContext, PerformanceModel]] = {}
+        # The last search per deployment: decide() reuses it until there is new evidence.
+        self._searches: dict[tuple[str, str], SearchMemo] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         # What our own applies returned: fresher than the watch-fed indexes for a moment, so a
         # reconcile right after an apply does not apply (and announce) the same child again.
@@ -109,6 +112,7 @@ class Controller:
         for kind in ("Deployment", "Service"):
             self._applied.pop((namespace, name, kind), None)
         self._models.pop((namespace, name), None)
+        self._searches.pop((namespace, name), None)
         self.observer.forget((namespace, name))
         if self.metrics is not None:
             self.metrics.forget(namespace, name)
@@ -331,12 +335,15 @@ class Controller:
         model = self.model_for(key, ctx)
         observation = Observation(snapshot, health)
         origin = start.knobs
+        memo = self._searches.get(key)
         if isinstance(model, AnalyticModel):
-            decision = decide(state, observation, policy, ctx, now, model, origin)
+            decision = decide(state, observation, policy, ctx, now, model, origin, memo)
         else:  # simulation-backed models take CPU seconds: keep the event loop responsive
             decision = await asyncio.to_thread(
-                decide, state, observation, policy, ctx, now, model, origin
+                decide, state, observation, policy, ctx, now, model, origin, memo
             )
+        if decision.search_memo is not None:
+            self._searches[key] = decision.search_memo
         new = decision.new_state
         knobs = new.applied
         namespace, name = key

@@ -23,7 +23,8 @@ from vllm_autotuner.core.rollout import (
     rollout_blocker,
     rollout_progress,
 )
-from vllm_autotuner.core.search import SearchResult, is_forbidden, search
+from vllm_autotuner.core.search import SearchResult, allowed, gmu_ceiling, is_forbidden, search
+from vllm_autotuner.core.search_memo import SearchInputs, SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.tuning_types import (
     Action,
@@ -53,6 +54,8 @@ class Decision:
     events: tuple[Event, ...] = ()
     diagnosis: Diagnosis | None = None
     prediction: Prediction | None = None
+    # The search this decision ran or reused; the caller hands it back next time (`memo`).
+    search_memo: SearchMemo | None = None
 
 
 def decide(
@@ -63,9 +66,12 @@ def decide(
     now: datetime,
     model: PerformanceModel,
     origin: Knobs | None = None,
+    memo: SearchMemo | None = None,
 ) -> Decision:
     """`origin` is where tuning started (spec + policy): the configuration to fall back to
-    when a committed one fails later and no earlier committed one exists."""
+    when a committed one fails later and no earlier committed one exists. `memo` is the
+    previous decision's `search_memo`: reused instead of a new search while it still answers
+    (core/search_memo.py)."""
     state = roll_day(state, now)
     if policy.mode == "Off":
         phase: Phase = state.phase if state.phase in ("RollingOut", "Verifying") else "Idle"
@@ -85,7 +91,7 @@ def decide(
                 "switch back to Auto to verify it",
             )
         return _supervise(state, obs, policy, ctx, now, model)
-    return _steady(state, obs, policy, ctx, now, model, origin)
+    return _steady(state, obs, policy, ctx, now, model, origin, memo)
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -376,6 +382,7 @@ def _steady(
     now: datetime,
     model: PerformanceModel,
     origin: Knobs | None = None,
+    memo: SearchMemo | None = None,
 ) -> Decision:
     applied = state.applied
     snap = obs.snapshot
@@ -415,6 +422,82 @@ def _steady(
             prediction=current,
         )
 
+    inputs = SearchInputs.of(applied, policy, diag, state)
+    if memo is not None and _memo_answers(memo, inputs, workload, cal, now, policy):
+        res, conclusion = memo.result, memo.conclusion
+    else:
+        res, conclusion = _conclude(state, policy, diag, model, workload, cal)
+        memo = SearchMemo(now, inputs, workload, cal, res, conclusion)
+    summary = f"{diag.kind}: {diag.evidence}; {conclusion}"
+    if not res.worth_rollout or res.best is None or res.prediction is None:
+        return replace(
+            _done(
+                replace(s, phase="Observing", recommendation=None),
+                now,
+                "hold",
+                summary,
+                diagnosis=diag,
+                prediction=res.prediction or current,
+            ),
+            search_memo=memo,
+        )
+    best, pred = res.best, res.prediction
+    rec = Recommendation(
+        knobs=best,
+        reason=summary,
+        predicted=Predicted(pred.capacity_rps, pred.ttft_ms, pred.itl_ms),
+        gain_pct=min(res.gain_pct, 1e6),
+        time=now,
+    )
+    changed = state.recommendation is None or not state.recommendation.knobs.same_as(best)
+    s = replace(s, phase="Candidate", recommendation=rec)
+    if policy.mode == "Recommend":
+        text = f"recommend {summary}"
+        events = (Event("Normal", "TuningRecommendation", text),) if changed else ()
+        return replace(_done(s, now, "recommend", text, None, events, diag, pred), search_memo=memo)
+    blocker = rollout_blocker(s, policy.rollout, now)
+    if blocker is not None:
+        waits = f"{summary}; rollout waits: {blocker}"
+        return replace(_done(s, now, "hold", waits, None, (), diag, pred), search_memo=memo)
+    s, trial = _start_trial(s, best, now)
+    text = f"rollout {best.describe()} (trial {trial.id}, from {applied.describe()}): {summary}"
+    return _done(
+        s, now, "rollout", text, best, (Event("Normal", "RolloutStarted", text),), diag, pred
+    )
+
+
+def _memo_answers(
+    memo: SearchMemo,
+    inputs: SearchInputs,
+    workload: Workload,
+    cal: Calibration,
+    now: datetime,
+    policy: TuningPolicy,
+) -> bool:
+    """The memo still answers, and its proposal is still legal (checked again, cheaply, so a
+    reused conclusion can never carry a candidate the hard constraints now refuse)."""
+    if not memo.answers(inputs, workload, cal, now, policy.evaluation_window_s):
+        return False
+    best = memo.result.best
+    if best is None or memo.result.prediction is None:
+        return True
+    # Exploration steps pass the same check: they keep gpu_memory_utilization and
+    # max_num_seqs <= max_num_batched_tokens, inside bounds and maxStep.
+    gmu_max = gmu_ceiling(inputs.applied, inputs.stable_gmu, inputs.gmu_rise_step)
+    return allowed(best, inputs.applied, policy.bounds, gmu_max, inputs.infeasible) is None
+
+
+def _conclude(
+    state: TuningState,
+    policy: TuningPolicy,
+    diag: Diagnosis,
+    model: PerformanceModel,
+    workload: Workload,
+    cal: Calibration,
+) -> tuple[SearchResult, str]:
+    """Run the search (and its fallbacks) and say what it found, after the diagnosis."""
+    applied = state.applied
+
     def run_search(guide: Diagnosis | None) -> SearchResult:
         return search(
             applied=applied,
@@ -431,7 +514,7 @@ def _steady(
         )
 
     res = run_search(diag)
-    summary = f"{diag.kind}: {diag.evidence}; {res.reason}"
+    conclusion = res.reason
     if diag.violates_slo and not res.worth_rollout:
         # The diagnosis is a heuristic; when its directions cannot fix a violation, the
         # calibrated model may still know a way (e.g. a larger budget that packs prefill into
@@ -439,10 +522,7 @@ def _steady(
         free = run_search(None)
         if free.worth_rollout:
             res = free
-            summary = (
-                f"{diag.kind}: {diag.evidence}; the suggested direction does not help, but "
-                f"{free.reason}"
-            )
+            conclusion = f"the suggested direction does not help, but {free.reason}"
     if diag.violates_slo and not res.worth_rollout:
         probe = _exploration(applied, policy, diag, state)
         if probe is not None:
@@ -459,38 +539,8 @@ def _steady(
                 reason=f"the model predicts no fix; exploring {probe.describe()} one step in "
                 "the diagnosed direction, to be verified on live traffic",
             )
-            summary = f"{diag.kind}: {diag.evidence}; {res.reason}"
-    if not res.worth_rollout or res.best is None or res.prediction is None:
-        return _done(
-            replace(s, phase="Observing", recommendation=None),
-            now,
-            "hold",
-            summary,
-            diagnosis=diag,
-            prediction=res.prediction or current,
-        )
-    best, pred = res.best, res.prediction
-    rec = Recommendation(
-        knobs=best,
-        reason=summary,
-        predicted=Predicted(pred.capacity_rps, pred.ttft_ms, pred.itl_ms),
-        gain_pct=min(res.gain_pct, 1e6),
-        time=now,
-    )
-    changed = state.recommendation is None or not state.recommendation.knobs.same_as(best)
-    s = replace(s, phase="Candidate", recommendation=rec)
-    if policy.mode == "Recommend":
-        text = f"recommend {summary}"
-        events = (Event("Normal", "TuningRecommendation", text),) if changed else ()
-        return _done(s, now, "recommend", text, None, events, diag, pred)
-    blocker = rollout_blocker(s, policy.rollout, now)
-    if blocker is not None:
-        return _done(s, now, "hold", f"{summary}; rollout waits: {blocker}", None, (), diag, pred)
-    s, trial = _start_trial(s, best, now)
-    text = f"rollout {best.describe()} (trial {trial.id}, from {applied.describe()}): {summary}"
-    return _done(
-        s, now, "rollout", text, best, (Event("Normal", "RolloutStarted", text),), diag, pred
-    )
+            conclusion = res.reason
+    return res, conclusion
 
 
 def _exploration(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 from scipy.optimize import brentq  # type: ignore[import-untyped,unused-ignore]
@@ -204,8 +204,9 @@ def _percentile(slo: SLO, metric: str) -> float:
     return DEFAULT_PERCENTILE if t is None else float(t.percentile)
 
 
-@dataclass(frozen=True)
-class _Steady:
+class _Steady(NamedTuple):
+    """A tuple, not a dataclass: the capacity search builds a few thousand per decision."""
+
     step_s: float  # mean step time
     decode_step_s: float
     prefill_step_s: float
@@ -216,6 +217,21 @@ class _Steady:
     preemption_rate: float
     chunk: float
     prefill_steps_frac: float
+
+
+_UNSTABLE = _Steady(
+    math.inf, math.inf, math.inf, math.inf, math.inf, math.inf, False, 0.0, 0.0, 1.0
+)
+
+
+class _Pre(NamedTuple):
+    """What one prediction's many steady states share: step coefficients and KV capacity."""
+
+    fixed: float
+    weights: float
+    kv_read: float
+    compute: float
+    kv_cap: float | None
 
 
 class AnalyticModel:
@@ -312,9 +328,10 @@ class AnalyticModel:
                 f"KV cache of {kv:.0f} tokens cannot hold one long request",
                 math.inf,
             )
-        ttft, itl, e2e, st = self._latencies(knobs, workload, calibration)
+        pre = self._pre(knobs, calibration)
+        ttft, itl, e2e, st = self._latencies(knobs, workload, calibration, pre=pre)
         meets = self._meets(workload, ttft, itl, e2e) and st.stable
-        capacity = self._capacity(knobs, workload, calibration)
+        capacity = self._capacity(knobs, workload, calibration, pre)
         reason = "" if meets else ("overloaded" if not st.stable else "SLO missed")
         return Prediction(
             ttft_ms=ttft * 1000.0,
@@ -336,11 +353,16 @@ class AnalyticModel:
                 return False
         return True
 
-    def _capacity(self, knobs: Knobs, w: Workload, cal: Calibration) -> float:
+    def _capacity(
+        self, knobs: Knobs, w: Workload, cal: Calibration, pre: _Pre | None = None
+    ) -> float:
+        pre = pre or self._pre(knobs, cal)
+
         def ok(rate: float) -> bool:
-            ww = w.at_rate(rate)
-            ttft, itl, e2e, st = self._latencies(knobs, ww, cal)
-            return st.stable and self._meets(ww, ttft, itl, e2e)
+            # The rate goes in as an argument: a Workload copy per probe cost a fifth of
+            # every decision (docs/scale.md).
+            ttft, itl, e2e, st = self._latencies(knobs, w, cal, rate=rate, pre=pre)
+            return st.stable and self._meets(w, ttft, itl, e2e)
 
         lo, hi = 0.0, max(0.5, w.request_rate)
         for _ in range(40):
@@ -372,9 +394,19 @@ class AnalyticModel:
             s * cal.compute_scale * _FLOP_PER_TOKEN / (peak * _ETA_MFU),
         )
 
-    def _steady(self, knobs: Knobs, w: Workload, cal: Calibration) -> _Steady:
-        fixed, weights, kv_read, compute = self._coeffs(cal)
-        lam = max(0.0, w.request_rate)
+    def _pre(self, knobs: Knobs, cal: Calibration) -> _Pre:
+        return _Pre(*self._coeffs(cal), cal.kv_tokens_at(knobs.gpu_memory_utilization))
+
+    def _steady(
+        self,
+        knobs: Knobs,
+        w: Workload,
+        cal: Calibration,
+        rate: float | None = None,
+        pre: _Pre | None = None,
+    ) -> _Steady:
+        fixed, weights, kv_read, compute, kv_cap = pre or self._pre(knobs, cal)
+        lam = max(0.0, w.request_rate if rate is None else rate)
         p_eff = max(1.0, w.prompt_mean * (1.0 - w.prefix_hit_rate))
         g = max(1.0, w.gen_mean)
         ctx = w.prompt_mean + 0.5 * g
@@ -385,13 +417,10 @@ class AnalyticModel:
         # Compute regime: t = fixed + compute*lam*(p_eff+g)*t.
         b2 = compute * lam * (p_eff + g)
         if b1 >= 1.0 or b2 >= 1.0:
-            return _Steady(
-                math.inf, math.inf, math.inf, math.inf, math.inf, math.inf, False, 0.0, 0.0, 1.0
-            )
+            return _UNSTABLE
         t = max((fixed + weights) / (1.0 - b1), fixed / (1.0 - b2))
         running = lam * g * t
         tokens_per_step = lam * (p_eff + g) * t
-        kv_cap = cal.kv_tokens_at(knobs.gpu_memory_utilization)
         kv_need = running * (w.prompt_mean + g)  # full-sequence reservation at admission
         util_tok = tokens_per_step / budget
         util_seq = running / seqs
@@ -434,9 +463,12 @@ class AnalyticModel:
         cal: Calibration,
         percentile_override: float | None = None,
         itl_override: float | None = None,
+        rate: float | None = None,
+        pre: _Pre | None = None,
     ) -> tuple[float, float, float, _Steady]:
-        """(ttft, itl, e2e) in seconds at each metric's SLO percentile, and the steady state."""
-        st = self._steady(knobs, w, cal)
+        """(ttft, itl, e2e) in seconds at each metric's SLO percentile, and the steady state
+        (at `rate` instead of the workload's when given)."""
+        st = self._steady(knobs, w, cal, rate, pre)
         if not st.stable:
             return math.inf, math.inf, math.inf, st
         q_itl = (itl_override or percentile_override or _percentile(w.slo, "itl")) / 100.0

@@ -10,6 +10,7 @@ start a second rollout during one, or be non-deterministic.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.core.test_decide import CTX, NOW, make_policy, make_snapshot
-from vllm_autotuner.core.decide import decide
+from vllm_autotuner.core.decide import Decision, decide
 from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.rollout import roll_day
 from vllm_autotuner.core.search import is_forbidden
@@ -34,6 +35,7 @@ from vllm_autotuner.core.tuning_types import (
     PodHealth,
     RolloutRules,
     Trial,
+    TuningPolicy,
     TuningState,
 )
 
@@ -185,6 +187,15 @@ def test_decide_is_safe(sc: dict[str, Any]) -> None:
 
     # Determinism: the same inputs give the same decision.
     assert decide(state, obs, policy, CTX, now, AnalyticModel()) == d
+    # A remembered search of the same evidence stands in for the search, changing nothing.
+    if d.search_memo is not None:
+        assert decide(state, obs, policy, CTX, now, AnalyticModel(), memo=d.search_memo) == d
+    assert_safe(d, state, obs, policy, now)
+
+
+def assert_safe(
+    d: Decision, state: TuningState, obs: Observation, policy: TuningPolicy, now: datetime
+) -> None:
     # A person can read why, with numbers.
     assert d.reason and any(ch.isdigit() for ch in d.reason)
     assert d.new_state.last_decision is not None and d.new_state.last_decision.time == now
@@ -226,6 +237,48 @@ def test_decide_is_safe(sc: dict[str, Any]) -> None:
         assert (now - state.last_rollout_at).total_seconds() >= policy.rollout.min_interval_s
     if policy.rollout.maintenance_windows:
         assert any(w.contains(now) for w in policy.rollout.maintenance_windows)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(scenario(), st.data())
+def test_a_remembered_search_never_smuggles_in_an_unsafe_candidate(
+    sc: dict[str, Any], data: st.DataObject
+) -> None:
+    """A memo whose proposal is anything at all (corrupted, or made under rules that have
+    changed since) is held to every safety rule when it is reused."""
+    state: TuningState = sc["state"]
+    policy = sc["policy"]
+    obs: Observation = sc["obs"]
+    now: datetime = sc["now"]
+    if data.draw(st.integers(0, 3)) > 0:
+        # Mostly the steady state in which searches are remembered: usable data of the
+        # applied knobs, healthy pods, a mode that tunes.
+        state = replace(state, phase="Observing", candidate=None, trials=())
+        snap = obs.snapshot if obs.snapshot.available else make_snapshot(time=now)
+        snap = replace(snap, knobs=state.applied, completed_requests=5000)
+        obs = Observation(snap, (PodHealth(ready=True, revision_knobs=state.applied),))
+        policy = replace(policy, mode=data.draw(st.sampled_from(["Recommend", "Auto"])))
+    first = decide(state, obs, policy, CTX, now, AnalyticModel())
+    memo = first.search_memo
+    if memo is None:
+        return
+    wide = Bounds(KnobBounds(1, 65536, 65536), KnobBounds(1, 4096, 4096), KnobBounds(0.1, 1.0, 1.0))
+    honest = memo.result.best or state.applied
+    rogue = data.draw(st.one_of(knobs_in(wide), knobs_in(policy.bounds), st.just(honest)))
+    pred = first.prediction or memo.result.current
+    forged = replace(
+        memo,
+        result=replace(memo.result, best=rogue, prediction=pred, worth_rollout=True),
+        conclusion=f"forged {rogue.describe()}",
+    )
+    later = now + timedelta(seconds=data.draw(st.integers(0, 400)))
+    d = decide(state, obs, policy, CTX, later, AnalyticModel(), memo=forged)
+    event(f"memo reused: {forged.conclusion in d.reason}")
+    assert_safe(d, state, obs, policy, later)
 
 
 @pytest.mark.parametrize(("max_per_day", "gap_s"), [(0, 0.0), (2, 0.0), (3, 3600.0), (9, 5400.0)])

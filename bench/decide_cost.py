@@ -1,0 +1,67 @@
+"""`python -m bench.decide_cost`: CPU per decide() call, the number the operator's scale hangs on.
+
+Every reconcile of a deployment with metrics runs decide(); at 1000 deployments and a 30 s
+interval the event loop can afford about 30 ms of CPU per reconcile on one core. This prints the
+cost of each kind of reconcile (steady with a fresh search, steady reusing the last search,
+recommend, violated SLO) on the synthetic Llama-3.1-8B/H100 deployment of the core tests.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+
+from tests.unit.core.test_decide import (
+    CTX,
+    KNOBS,
+    NOW,
+    make_policy,
+    make_snapshot,
+    ready_pods,
+    violating_snapshot,
+)
+from vllm_autotuner.core.decide import decide
+from vllm_autotuner.core.perf_model import AnalyticModel
+from vllm_autotuner.core.snapshot import Observation
+from vllm_autotuner.core.tuning_types import TuningState
+
+
+def _time(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.process_time()
+        fn()
+        samples.append(time.process_time() - t0)
+    return statistics.median(samples), max(samples)
+
+
+def main() -> int:
+    repeat = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    model = AnalyticModel("H100")
+    state = replace(TuningState.initial(KNOBS), phase="Observing")
+    cases = {
+        "Auto, healthy": (make_policy("Auto"), make_snapshot()),
+        "Recommend, healthy": (make_policy("Recommend"), make_snapshot()),
+        "Auto, ITL violated": (make_policy("Auto"), violating_snapshot()),
+    }
+    print(f"{'case':<28} {'first (ms)':>10} {'again (ms)':>10} {'max again':>10}")
+    for name, (policy, snap) in cases.items():
+        obs = Observation(snap, ready_pods(KNOBS))
+        first = decide(state, obs, policy, CTX, NOW, model, KNOBS)
+        memo = getattr(first, "search_memo", None)
+        t_first, _ = _time(lambda: decide(state, obs, policy, CTX, NOW, model, KNOBS), repeat)
+        later = NOW + timedelta(seconds=30)
+        kwargs = {"memo": memo} if memo is not None else {}
+        t_again, t_max = _time(
+            lambda: decide(state, obs, policy, CTX, later, model, KNOBS, **kwargs), repeat
+        )
+        print(f"{name:<28} {t_first * 1e3:>10.1f} {t_again * 1e3:>10.1f} {t_max * 1e3:>10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Remember the last search per deployment, so a reconcile without new evidence does not redo it.
+
+The search is most of a decision's CPU (about 150 candidate predictions, each a capacity
+bisection), and at a thousand deployments on one event loop it is what the operator cannot
+afford every reconcile (docs/scale.md). Nor does it need to: a snapshot covers the whole
+evaluation window, so two snapshots taken a reconcile interval apart share most of their data,
+and a rollout cannot follow a conclusion faster than the policy's minInterval anyway.
+
+A memo answers again only while everything the search's hard constraints depend on is
+unchanged (applied knobs, bounds, known-infeasible configurations, the proven-stable memory
+level, the diagnosis' kind and directions, which SLO targets are violated), the workload and
+the calibration have not drifted by more than `DRIFT`, and it is younger than the evaluation
+window. Anything else is new evidence and runs the search again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from vllm_autotuner.core.diagnosis import Diagnosis, Directions
+from vllm_autotuner.core.perf_model import Calibration, Workload
+from vllm_autotuner.core.search import SearchResult
+from vllm_autotuner.core.tuning_types import (
+    SLO,
+    Bounds,
+    InfeasibleConfig,
+    Knobs,
+    Mode,
+    TuningPolicy,
+    TuningState,
+)
+
+DRIFT = 0.1
+"""Relative change of load, lengths or fitted step scales that counts as new evidence: about
+what moves a capacity prediction by more than the 5% a rollout must gain by default."""
+
+PREFIX_HIT_DRIFT = 0.05
+"""Absolute change of the prefix-cache hit rate (a fraction) that counts as new evidence."""
+
+
+@dataclass(frozen=True)
+class SearchInputs:
+    """Everything besides the workload that decides which candidates are legal and preferred."""
+
+    applied: Knobs
+    bounds: Bounds
+    slo: SLO
+    mode: Mode
+    safety_margin: float
+    min_gain_pct: float
+    gmu_rise_step: float
+    stable_gmu: float
+    infeasible: tuple[InfeasibleConfig, ...]
+    diagnosis_kind: str
+    directions: Directions
+    violated: tuple[str, ...]
+
+    @classmethod
+    def of(
+        cls, applied: Knobs, policy: TuningPolicy, diagnosis: Diagnosis, state: TuningState
+    ) -> SearchInputs:
+        return cls(
+            applied=applied,
+            bounds=policy.bounds,
+            slo=policy.slo,
+            mode=policy.mode,
+            safety_margin=policy.safety_margin,
+            min_gain_pct=policy.min_gain_pct,
+            gmu_rise_step=policy.gmu_rise_step,
+            stable_gmu=state.stable_gmu(),
+            infeasible=tuple(state.infeasible),
+            diagnosis_kind=diagnosis.kind,
+            directions=diagnosis.directions,
+            violated=tuple(sorted(v[0] for v in diagnosis.violations)),
+        )
+
+
+@dataclass(frozen=True)
+class SearchMemo:
+    """One search's conclusion: its result, the text after the diagnosis, and its evidence."""
+
+    time: datetime
+    inputs: SearchInputs
+    workload: Workload
+    calibration: Calibration
+    result: SearchResult
+    conclusion: str
+
+    def answers(
+        self,
+        inputs: SearchInputs,
+        workload: Workload,
+        calibration: Calibration,
+        now: datetime,
+        max_age_s: float,
+    ) -> bool:
+        """Whether this memo may stand in for a new search (see the module docstring)."""
+        age = (now - self.time).total_seconds()
+        if age < 0 or age >= max_age_s or inputs != self.inputs:
+            return False
+        w0, w1 = self.workload, workload
+        c0, c1 = self.calibration, calibration
+        pairs = (
+            (w0.request_rate, w1.request_rate),
+            (w0.prompt_mean, w1.prompt_mean),
+            (w0.prompt_p90, w1.prompt_p90),
+            (w0.gen_mean, w1.gen_mean),
+            (w0.gen_p90, w1.gen_p90),
+            (c0.step_scale, c1.step_scale),
+            (c0.compute_scale, c1.compute_scale),
+        )
+        if any(_drifted(a, b) for a, b in pairs):
+            return False
+        if abs(w0.prefix_hit_rate - w1.prefix_hit_rate) > PREFIX_HIT_DRIFT:
+            return False
+        overhead = max(c0.per_request_overhead_s, c1.per_request_overhead_s)
+        if abs(c0.per_request_overhead_s - c1.per_request_overhead_s) > DRIFT * overhead:
+            return False
+        kv0, kv1 = (
+            c0.kv_tokens_at(inputs.applied.gpu_memory_utilization),
+            c1.kv_tokens_at(inputs.applied.gpu_memory_utilization),
+        )
+        if (kv0 is None) != (kv1 is None):
+            return False
+        return kv0 is None or kv1 is None or not _drifted(kv0, kv1)
+
+
+def _drifted(a: float, b: float) -> bool:
+    scale = max(abs(a), abs(b))
+    return scale > 0 and abs(a - b) > DRIFT * scale
