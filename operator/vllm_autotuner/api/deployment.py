@@ -57,6 +57,8 @@ OWNED_FLAGS: tuple[str, ...] = (
     "device-memory-utilization",
     "kv-cache-memory-bytes",
     "kv-cache-memory",
+    "num-gpu-blocks-override",  # fixes the KV cache size whatever gpu-memory-utilization says
+    "max-num-active-seqs",  # caps the running set below the tuned max-num-seqs
 )
 """Flags without the leading dashes. vLLM's parser also accepts underscores (--max_num_seqs)."""
 

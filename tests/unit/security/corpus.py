@@ -64,7 +64,7 @@ NEAR_MISS_ARGS = (
     "--max-logprobs=5",
     "--max-loras=2",
     "--max-seq-len-to-capture=8192",
-    "--max-num-active-seqs=64",
+    "--max-num-queued-reqs=64",
     "--enforce-eager",
     "--trust-remote-code",
     "--disable-log-requests",
