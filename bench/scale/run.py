@@ -93,6 +93,12 @@ def profile_args(path: Path) -> list[str]:
     return ["-m", "cProfile", "-o", str(path)] if os.environ.get("BENCH_SCALE_PROFILE") else []
 
 
+def operator_module() -> str:
+    """BENCH_SCALE_TRACEMALLOC=PATH attributes the operator's memory (bench/scale/traced.py)."""
+    traced = os.environ.get("BENCH_SCALE_TRACEMALLOC")
+    return "bench.scale.traced" if traced else "vllm_autotuner.cli"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -230,7 +236,7 @@ def _run(
                 sys.executable,
                 *profile_args(out / f"operator-{n}.prof"),
                 "-m",
-                "vllm_autotuner.cli",
+                operator_module(),
                 "run",
                 "--kubeconfig",
                 str(kubeconfig),

@@ -108,6 +108,19 @@ def _all(index: Any, key: Any) -> list[Any]:
         return []
 
 
+def index_copy(body: Mapping[str, Any], *, keep_spec: bool = True) -> dict[str, Any]:
+    """What the indexes keep of a child: all the controller reads, not the server's bookkeeping.
+
+    managedFields is often as large as the object itself, and a pod's spec is never read (its
+    health is in metadata and status), so dropping them is most of the per-deployment memory
+    the indexes would hold at a thousand deployments (docs/scale.md).
+    """
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    out = {k: v for k, v in body.items() if k != "metadata" and (keep_spec or k != "spec")}
+    out["metadata"] = meta
+    return out
+
+
 def build_registry(
     config: OperatorConfig, snapshot_source: SnapshotSource | None = None
 ) -> tuple[kopf.OperatorRegistry, Controller]:
@@ -203,20 +216,20 @@ def build_registry(
     def deployment_index(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> dict[str, dict[str, Any]]:
-        return {_child_key(namespace, name): dict(body)}
+        return {_child_key(namespace, name): index_copy(body)}
 
     @kopf.index("", "v1", "services", labels=managed, id="service_index", registry=registry)
     def service_index(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> dict[str, dict[str, Any]]:
-        return {_child_key(namespace, name): dict(body)}
+        return {_child_key(namespace, name): index_copy(body)}
 
     @kopf.index("", "v1", "pods", labels=managed, id="pod_index", registry=registry)
     def pod_index(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[str, dict[str, Any]] | None:
         owner = labels.get(DEPLOYMENT_LABEL)
-        return {_child_key(namespace, owner): dict(body)} if owner else None
+        return {_child_key(namespace, owner): index_copy(body, keep_spec=False)} if owner else None
 
     @kopf.on.event(GROUP, VERSION, POLICIES, id="policy_status", registry=registry)
     async def publish_policy_status(body: kopf.Body, type: str | None, **_: Any) -> None:

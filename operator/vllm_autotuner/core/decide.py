@@ -442,14 +442,17 @@ def _steady(
             search_memo=memo,
         )
     best, pred = res.best, res.prediction
+    previous = state.recommendation
+    changed = previous is None or not previous.knobs.same_as(best)
     rec = Recommendation(
         knobs=best,
         reason=summary,
         predicted=Predicted(pred.capacity_rps, pred.ttft_ms, pred.itl_ms),
         gain_pct=min(res.gain_pct, 1e6),
-        time=now,
+        # Since when these knobs are recommended: a repeated recommendation keeps its time,
+        # so an unchanged conclusion does not rewrite status every reconcile.
+        time=now if previous is None or changed else previous.time,
     )
-    changed = state.recommendation is None or not state.recommendation.knobs.same_as(best)
     s = replace(s, phase="Candidate", recommendation=rec)
     if policy.mode == "Recommend":
         text = f"recommend {summary}"

@@ -154,3 +154,23 @@ def test_an_illegal_remembered_proposal_is_never_reused() -> None:
         again.new_state.recommendation is None
         or not again.new_state.recommendation.knobs.same_as(outside)
     )
+
+
+def test_a_repeated_recommendation_keeps_the_time_it_was_first_made() -> None:
+    """Otherwise every reconcile rewrites status.tuning.recommendation.time (an idle write)."""
+    policy = make_policy("Recommend")
+    first, _ = run(STATE, violating_snapshot(), policy)
+    rec = first.new_state.recommendation
+    assert first.action == "recommend" and rec is not None and rec.time == NOW
+    later = violating_snapshot(time=NOW + timedelta(seconds=30))
+    again, _ = run(first.new_state, later, policy, 30, first.search_memo)
+    assert again.new_state.recommendation is not None
+    assert again.new_state.recommendation.time == NOW
+    assert (
+        again.new_state.to_dict()["recommendation"] == first.new_state.to_dict()["recommendation"]
+    )
+    # A different recommendation is new, with its own time.
+    other = replace(first.new_state, recommendation=replace(rec, knobs=Knobs(1024, 64, 0.9)))
+    fresh, _ = run(other, later, policy, 30, first.search_memo)
+    assert fresh.new_state.recommendation is not None
+    assert fresh.new_state.recommendation.time == NOW + timedelta(seconds=30)
