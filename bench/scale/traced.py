@@ -1,7 +1,7 @@
 """`python -m bench.scale.traced run ...`: the operator's CLI under tracemalloc.
 
 BENCH_SCALE_TRACEMALLOC=PATH makes the scale benchmark start the operator through this module;
-when the operator stops, the live allocations are written to PATH grouped by source line and
+every two minutes the live allocations are written to PATH grouped by source line and
 by file, so the per-deployment memory can be attributed (docs/scale.md).
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -27,13 +29,18 @@ def _report(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _every(period_s: float, path: Path) -> None:
+    # The benchmark kills an operator that takes long to stop, so report while it runs too.
+    while True:
+        time.sleep(period_s)
+        _report(path)
+
+
 def main() -> int:
     target = Path(os.environ.get("BENCH_SCALE_TRACEMALLOC") or "tracemalloc.txt")
     tracemalloc.start(1)
-    try:
-        return cli.main(sys.argv[1:])
-    finally:
-        _report(target)
+    threading.Thread(target=_every, args=(120.0, target), daemon=True).start()
+    return cli.main(sys.argv[1:])
 
 
 if __name__ == "__main__":

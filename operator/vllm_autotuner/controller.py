@@ -222,7 +222,7 @@ class Controller:
             live = children.get(kind)
             if live is None or render.drifted(manifest, live):
                 result = await self.kube.apply(manifest)
-                self._applied[(namespace, name, kind)] = (time.monotonic(), result)
+                self._applied[(namespace, name, kind)] = (time.monotonic(), child_copy(result))
                 outcome.applied.append(kind)
         if "Deployment" in outcome.applied:
             outcome.events.append(
@@ -278,8 +278,14 @@ class Controller:
                 # really absent (deleted by someone) and must be re-created.
                 if time.monotonic() - applied_at < APPLIED_GRACE_S:
                     merged[kind] = ours
+                else:
+                    del self._applied[(namespace, name, kind)]
             elif _resource_version(ours) > _resource_version(live):
                 merged[kind] = ours
+            else:
+                # The watch has caught up: our copy has done its job (and would otherwise
+                # hold a whole object per child, at a thousand deployments).
+                del self._applied[(namespace, name, kind)]
         return merged
 
     def model_for(self, key: tuple[str, str], ctx: DeploymentContext) -> PerformanceModel:
@@ -582,6 +588,19 @@ def policy_status_patch(body: Mapping[str, Any], now: datetime) -> dict[str, Any
         update = ConditionUpdate("Valid", "False", "Invalid", _first_errors(exc))
     new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
     return status_patch(previous, new)
+
+
+def child_copy(body: Mapping[str, Any], *, keep_spec: bool = True) -> dict[str, Any]:
+    """What is kept in memory of a child: all the controller reads, not the server's bookkeeping.
+
+    managedFields is often as large as the object itself, and a pod's spec is never read (its
+    health is in metadata and status), so dropping them is most of the per-deployment memory
+    the indexes would hold at a thousand deployments (docs/scale.md).
+    """
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    out = {k: v for k, v in body.items() if k != "metadata" and (keep_spec or k != "spec")}
+    out["metadata"] = meta
+    return out
 
 
 def keep_stamp(

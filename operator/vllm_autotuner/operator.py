@@ -31,7 +31,7 @@ from vllm_autotuner import (
 from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials, KubeError, resource_path
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.prometheus import PrometheusSource
-from vllm_autotuner.controller import Controller, Outcome, policy_status_patch
+from vllm_autotuner.controller import Controller, Outcome, child_copy, policy_status_patch
 from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
 from vllm_autotuner.core.tuning_types import DeploymentContext
 from vllm_autotuner.observer import Observer, SnapshotSource
@@ -106,19 +106,6 @@ def _all(index: Any, key: Any) -> list[Any]:
         return list(index[key])
     except KeyError:
         return []
-
-
-def index_copy(body: Mapping[str, Any], *, keep_spec: bool = True) -> dict[str, Any]:
-    """What the indexes keep of a child: all the controller reads, not the server's bookkeeping.
-
-    managedFields is often as large as the object itself, and a pod's spec is never read (its
-    health is in metadata and status), so dropping them is most of the per-deployment memory
-    the indexes would hold at a thousand deployments (docs/scale.md).
-    """
-    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
-    out = {k: v for k, v in body.items() if k != "metadata" and (keep_spec or k != "spec")}
-    out["metadata"] = meta
-    return out
 
 
 def build_registry(
@@ -200,12 +187,16 @@ def build_registry(
         )
 
     # Indexes keep what every reconcile needs in memory, so an idle cycle makes no API call.
+    # They are coroutines because kopf runs plain functions in its thread pool: a thread hop
+    # per watch event costs more CPU than the copy itself, and threads fragment the heap.
     @kopf.index(GROUP, VERSION, POLICIES, id="policy_index", registry=registry)
-    def policy_index(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
+    async def policy_index(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
         return {name: dict(spec)}
 
     @kopf.index("", "v1", "namespaces", id="namespace_index", registry=registry)
-    def namespace_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
+    async def namespace_index(
+        name: str, labels: kopf.Labels, **_: Any
+    ) -> dict[str, dict[str, str]]:
         return {name: dict(labels)}
 
     managed = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
@@ -213,23 +204,23 @@ def build_registry(
     @kopf.index(
         "apps", "v1", "deployments", labels=managed, id="deployment_index", registry=registry
     )
-    def deployment_index(
+    async def deployment_index(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> dict[str, dict[str, Any]]:
-        return {_child_key(namespace, name): index_copy(body)}
+        return {_child_key(namespace, name): child_copy(body)}
 
     @kopf.index("", "v1", "services", labels=managed, id="service_index", registry=registry)
-    def service_index(
+    async def service_index(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> dict[str, dict[str, Any]]:
-        return {_child_key(namespace, name): index_copy(body)}
+        return {_child_key(namespace, name): child_copy(body)}
 
     @kopf.index("", "v1", "pods", labels=managed, id="pod_index", registry=registry)
-    def pod_index(
+    async def pod_index(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[str, dict[str, Any]] | None:
         owner = labels.get(DEPLOYMENT_LABEL)
-        return {_child_key(namespace, owner): index_copy(body, keep_spec=False)} if owner else None
+        return {_child_key(namespace, owner): child_copy(body, keep_spec=False)} if owner else None
 
     @kopf.on.event(GROUP, VERSION, POLICIES, id="policy_status", registry=registry)
     async def publish_policy_status(body: kopf.Body, type: str | None, **_: Any) -> None:
