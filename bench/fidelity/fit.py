@@ -35,6 +35,8 @@ DEFAULT_PARAMS = (
     "c_step_s",
     "c_seq_s",
     "allreduce_latency_s",
+    "eta_link",
+    "kv_tail_units_per_sm",
 )
 CAPPED_AT_ONE = {"eta_bw_weights", "eta_bw_kv", "eta_mfu", "eta_link", "eta_moe"}
 
@@ -119,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", default="", help="fit on runs whose id contains this text")
+    p.add_argument(
+        "--set",
+        default="",
+        metavar="NAME=VALUE,...",
+        help="start from these Calibration values (a field at 0 never moves: give it a start)",
+    )
     args = p.parse_args(argv)
     files = args.runs_files or [calibration_runs_path()]
     runs = [r for f in files for r in load_runs(f) if args.only in r.id]
@@ -127,7 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown Calibration fields: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    best, score = fit(runs, CALIBRATION, params, args.rounds, args.seed, args.quick)
+    start = CALIBRATION
+    if args.set:
+        overrides = {k: float(v) for k, v in (kv.split("=", 1) for kv in args.set.split(","))}
+        bad = [k for k in overrides if not hasattr(CALIBRATION, k)]
+        if bad:
+            print(f"unknown Calibration fields: {', '.join(bad)}", file=sys.stderr)
+            return 2
+        start = dataclasses.replace(CALIBRATION, **overrides)
+    best, score = fit(runs, start, params, args.rounds, args.seed, args.quick)
     print(f"objective {score:.4f} (mean |log error|); fitted on {len(runs)} runs of {files}")
     print(repr(best))
     return 0

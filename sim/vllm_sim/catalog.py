@@ -141,6 +141,8 @@ class GpuSpec:
     bf16_flops: float  # FLOP/s, dense peak
     fp8_flops: float | None  # FLOP/s, dense peak; None where the GPU has no FP8 tensor cores
     interconnect_bandwidth: float  # bytes/s per direction per GPU (NVLink or PCIe)
+    # Streaming multiprocessors: how many attention work units run at once (steptime's KV tail).
+    sm_count: int = 132
     sm100: bool = False  # Blackwell: larger default CUDA-graph capture size (vllm.md §7)
 
     @classmethod
@@ -153,6 +155,7 @@ class GpuSpec:
             bf16_flops=float(d["bf16_tflops"]) * 1e12,
             fp8_flops=None if d.get("fp8_tflops") is None else float(d["fp8_tflops"]) * 1e12,
             interconnect_bandwidth=float(d.get("interconnect_gb_s", 32.0)) * 1e9,
+            sm_count=int(d.get("sm_count", 132)),
             sm100=bool(d.get("sm100", False)),
         )
 
@@ -208,6 +211,8 @@ MODEL_ALIASES = {
 # dense TFLOPS from simulator-calibration.md §1.1 (NVIDIA datasheets). B200: NVIDIA DGX B200
 # datasheet (8 TB/s, 2.25 PFLOPS dense BF16 per GPU). Interconnect: NVLink per direction
 # (A100 300, H100/H200 450, B200 900 GB/s); L40S has no NVLink (PCIe Gen4 x16, ~25 GB/s achieved).
+# SM counts: NVIDIA's A100 and H100 architecture whitepapers (108; 132 for H100 SXM, and H200 is
+# the same GH100 configuration), the L40S datasheet (142), the B200 (148).
 GPU_SPECS: dict[str, dict[str, Any]] = {
     "A100-40GB": {
         "device_name": "NVIDIA A100-SXM4-40GB",
@@ -216,6 +221,7 @@ GPU_SPECS: dict[str, dict[str, Any]] = {
         "bf16_tflops": 312,
         "fp8_tflops": None,
         "interconnect_gb_s": 300,
+        "sm_count": 108,
     },
     "A100-80GB": {
         "device_name": "NVIDIA A100-SXM4-80GB",
@@ -224,6 +230,7 @@ GPU_SPECS: dict[str, dict[str, Any]] = {
         "bf16_tflops": 312,
         "fp8_tflops": None,
         "interconnect_gb_s": 300,
+        "sm_count": 108,
     },
     "H100": {
         "device_name": "NVIDIA H100 80GB HBM3",
@@ -232,6 +239,7 @@ GPU_SPECS: dict[str, dict[str, Any]] = {
         "bf16_tflops": 989,
         "fp8_tflops": 1979,
         "interconnect_gb_s": 450,
+        "sm_count": 132,
     },
     "H200": {
         "device_name": "NVIDIA H200",
@@ -240,6 +248,7 @@ GPU_SPECS: dict[str, dict[str, Any]] = {
         "bf16_tflops": 989,
         "fp8_tflops": 1979,
         "interconnect_gb_s": 450,
+        "sm_count": 132,
     },
     "L40S": {
         "device_name": "NVIDIA L40S",
@@ -248,6 +257,7 @@ GPU_SPECS: dict[str, dict[str, Any]] = {
         "bf16_tflops": 362,
         "fp8_tflops": 733,
         "interconnect_gb_s": 25,
+        "sm_count": 142,
     },
     "B200": {
         "device_name": "NVIDIA B200",
@@ -256,6 +266,7 @@ GPU_SPECS: dict[str, dict[str, Any]] = {
         "bf16_tflops": 2250,
         "fp8_tflops": 4500,
         "interconnect_gb_s": 900,
+        "sm_count": 148,
         "sm100": True,
     },
 }

@@ -94,6 +94,10 @@ def test_gpu_spec_from_file_and_catalog(tmp_path: Path) -> None:
     h100 = load_gpu("h100")
     assert h100.bf16_flops == pytest.approx(989e12)  # dense, not the sparsity figure
     assert h100.hbm_bandwidth / 1e12 == pytest.approx(3.35)
+    # SM counts feed the KV-tail term; a spec file may give its own
+    assert (h100.sm_count, load_gpu("A100").sm_count, gpu.sm_count) == (132, 108, 132)
+    path.write_text(json.dumps({**spec, "sm_count": 58}))
+    assert load_gpu(str(path)).sm_count == 58
 
 
 def test_unknown_names_are_refused() -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from vllm_sim.catalog import MODEL_CONFIGS, gpu_names, load_gpu, load_model
-from vllm_sim.steptime import StepTimeModel
+from vllm_sim.steptime import CALIBRATION, StepTimeModel
 
 
 def floor_seconds(name: str, gpu_name: str, tp: int, n_tokens: int, ctx: int) -> float:
@@ -113,3 +114,43 @@ def test_reality_efficiencies_slow_the_matching_regime() -> None:
     assert slow_bw.step_time(*prefill) == pytest.approx(base.step_time(*prefill))
     assert slow_mfu.step_time(*prefill) > 1.7 * base.step_time(*prefill) - 0.01
     assert slow_mfu.step_time(*decode) == pytest.approx(base.step_time(*decode))
+
+
+def _with_tail(name: str, gpu: str, tp: int, tail: float) -> StepTimeModel:
+    m = load_model(name)
+    cal = replace(CALIBRATION, kv_tail_units_per_sm=tail)
+    return StepTimeModel(m, load_gpu(gpu), tp, m.kv_bytes_per_token(tp, 2), calibration=cal)
+
+
+def test_kv_tail_is_bounded_and_fades_with_many_attention_units() -> None:
+    """The KV tail only ever slows KV reads, by at most 2x, and vanishes with many units."""
+    mha = _with_tail("meta-llama/Llama-2-7b-hf", "H100", 1, 1.0)  # 32 KV heads per rank
+    gqa = _with_tail("meta-llama/Llama-2-70b-hf", "H100", 4, 1.0)  # 2 KV heads per rank
+    for st in (mha, gqa):
+        s = [st.kv_slowdown(n) for n in (1, 2, 8, 32, 64, 128, 256, 1024)]
+        assert all(1.0 <= x <= 2.0 for x in s)
+        assert s == sorted(s, reverse=True)  # more sequences, more units, a smaller tail
+    assert mha.kv_slowdown(128) < 1.05  # 4096 units on 132 SMs: the old constant holds
+    assert gqa.kv_slowdown(128) > 1.4  # 256 units: the tail is a large part of the kernel
+    assert gqa.kv_slowdown(128) > mha.kv_slowdown(128)
+    off = _with_tail("meta-llama/Llama-2-70b-hf", "H100", 4, 0.0)
+    assert off.kv_slowdown(128) == 1.0  # without the term, eta_bw_kv as before
+
+
+def test_kv_tail_grows_with_the_gpus_sm_count() -> None:
+    a100 = _with_tail("meta-llama/Llama-2-70b-hf", "A100-80GB", 4, 1.0)  # 108 SMs
+    h100 = _with_tail("meta-llama/Llama-2-70b-hf", "H100", 4, 1.0)  # 132 SMs
+    assert a100.kv_slowdown(128) < h100.kv_slowdown(128)
+
+
+def test_kv_tail_only_touches_the_kv_part_of_a_step() -> None:
+    """Same step with and without the tail: the difference is exactly the extra KV streaming."""
+    name, tp, n, ctx = "codellama/CodeLlama-34b-Instruct-hf", 2, 128, 128 * 1800
+    on = _with_tail(name, "H100", tp, 1.0)
+    off = _with_tail(name, "H100", tp, 0.0)
+    t_on = on.step_time(n, n, ctx, ctx + n)
+    t_off = off.step_time(n, n, ctx, ctx + n)
+    m = load_model(name)
+    gpu = load_gpu("H100")
+    kv_s = (ctx + n) * m.kv_bytes_per_token(tp, 2) / (CALIBRATION.eta_bw_kv * gpu.hbm_bandwidth)
+    assert t_on - t_off == pytest.approx(kv_s * (on.kv_slowdown(n) - 1.0), rel=1e-9)
