@@ -26,6 +26,11 @@ def _report(path: Path) -> None:
         lines.append(f"\n# top by {group}")
         for stat in snap.statistics(group)[:40]:
             lines.append(f"{stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks  {stat.traceback}")
+    if tracemalloc.get_traceback_limit() > 1:
+        lines.append("\n# top by traceback")
+        for stat in snap.statistics("traceback")[:25]:
+            lines.append(f"{stat.size / 2**20:8.2f} MiB {stat.count:9d} blocks")
+            lines.extend(f"      {frame}" for frame in reversed(stat.traceback))
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -38,8 +43,9 @@ def _every(period_s: float, path: Path) -> None:
 
 def main() -> int:
     target = Path(os.environ.get("BENCH_SCALE_TRACEMALLOC") or "tracemalloc.txt")
-    tracemalloc.start(1)
-    threading.Thread(target=_every, args=(120.0, target), daemon=True).start()
+    # BENCH_SCALE_TRACEMALLOC_FRAMES=N also groups by N-frame tracebacks (slower).
+    tracemalloc.start(int(os.environ.get("BENCH_SCALE_TRACEMALLOC_FRAMES") or 1))
+    threading.Thread(target=_every, args=(60.0, target), daemon=True).start()
     return cli.main(sys.argv[1:])
 
 

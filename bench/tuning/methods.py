@@ -49,6 +49,7 @@ from vllm_autotuner.adapters.promql import SnapshotTarget
 from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core.knob_defaults import default_knobs
 from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
+from vllm_autotuner.core.search_memo import SearchMemo
 from vllm_autotuner.core.snapshot import Observation
 from vllm_autotuner.core.tuning_types import Bounds, DeploymentContext, Knobs, TuningState
 from vllm_sim.catalog import load_gpu
@@ -488,6 +489,7 @@ def run_ours(
     rollbacks = 0
     pending: Knobs | None = None
     crashes_seen = 0
+    memo: SearchMemo | None = None
     t = 0.0
     try:
         while t < world.horizon - 1e-9:
@@ -510,7 +512,9 @@ def run_ours(
             snaps = loop.run_until_complete(source._cycle(transport, [target], now))
             snap = snaps[target.key]
             obs = Observation(snap, world.pod_health())
-            decision = decide(state, obs, policy, ctx, now, model)
+            # As the controller does: the last search stands until there is new evidence.
+            decision = decide(state, obs, policy, ctx, now, model, memo=memo)
+            memo = decision.search_memo or memo
             state = decision.new_state
             trace.times.append(t)
             trace.knobs.append(state.applied)
