@@ -51,6 +51,7 @@ edit. Format (every key but `name`, `model` and `workload` has a default)::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -68,6 +69,7 @@ from vllm_autotuner.core.tuning_types import (
     SLOTarget,
     TuningPolicy,
 )
+from vllm_sim import steptime
 from vllm_sim.types import Reality
 from vllm_sim.workload import WorkloadSpec
 
@@ -155,7 +157,10 @@ class Scenario:
             for k in ("model", "gpu", "tensor_parallel_size", "max_model_len", "slo", "reality",
                       "truth", "bounds")
         }  # fmt: skip
-        text = json.dumps({"shape": shape, **fields}, sort_keys=True)
+        # The simulator's physics is part of the truth: a refit of its step-time constants
+        # must not reuse an oracle computed with the old ones.
+        physics = dataclasses.asdict(steptime.CALIBRATION)
+        text = json.dumps({"shape": shape, **fields, "physics": physics}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def deployment_workload(self, horizon_s: float | None = None) -> WorkloadSpec:
