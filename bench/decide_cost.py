@@ -8,6 +8,7 @@ recommend, violated SLO) on the synthetic Llama-3.1-8B/H100 deployment of the co
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
@@ -24,6 +25,7 @@ from tests.unit.core.test_decide import (
     ready_pods,
     violating_snapshot,
 )
+
 from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.snapshot import Observation
@@ -52,13 +54,15 @@ def main() -> int:
     for name, (policy, snap) in cases.items():
         obs = Observation(snap, ready_pods(KNOBS))
         first = decide(state, obs, policy, CTX, NOW, model, KNOBS)
-        memo = getattr(first, "search_memo", None)
-        t_first, _ = _time(lambda: decide(state, obs, policy, CTX, NOW, model, KNOBS), repeat)
+        fresh = functools.partial(decide, state, obs, policy, CTX, NOW, model, KNOBS)
         later = NOW + timedelta(seconds=30)
-        kwargs = {"memo": memo} if memo is not None else {}
-        t_again, t_max = _time(
-            lambda: decide(state, obs, policy, CTX, later, model, KNOBS, **kwargs), repeat
+        # The memo of the first decision, as the controller hands it back (None after a
+        # rollout: then "again" searches too).
+        reuse = functools.partial(
+            decide, state, obs, policy, CTX, later, model, KNOBS, first.search_memo
         )
+        t_first, _ = _time(fresh, repeat)
+        t_again, t_max = _time(reuse, repeat)
         print(f"{name:<28} {t_first * 1e3:>10.1f} {t_again * 1e3:>10.1f} {t_max * 1e3:>10.1f}")
     return 0
 
