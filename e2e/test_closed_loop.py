@@ -168,6 +168,10 @@ def test_defaults_violating_the_itl_slo_converge_within_bounded_rollouts(
     assert len(by_reason.get("RolloutReady", [])) == len(trials)
     verdicts = by_reason.get("TuningCommitted", []) + by_reason.get("TuningRolledBack", [])
     assert len(verdicts) == len(trials)
+    # Each rollout leaves the new revision without a window for a while: that is warming up,
+    # not a loss of metrics, and is not announced as one.
+    lost = by_reason.get("MetricsUnavailable", []) + by_reason.get("MetricsRecovered", [])
+    assert not lost, [e.get("message") for e in lost]
     for t in trials:
         name = knobs(t["knobs"]).describe()
         assert any(name in e["message"] for e in started_events), name
@@ -304,6 +308,28 @@ def test_prometheus_outage_changes_nothing_and_metrics_recover(closed_loop: Make
     assert back is not None
     recovered_s = time.monotonic() - down_at
     assert back["reason"] == "MetricsFresh"
+    # The loss and the return were announced, once each.
+    announced = wait_for(
+        lambda: (
+            [
+                str(e.get("reason"))
+                for e in loop.events()
+                if e["metadata"]["name"] not in before_events
+                and e.get("reason") in ("MetricsUnavailable", "MetricsRecovered")
+            ]
+            or None
+        ),
+        timeout=30,
+        interval=1.0,
+        message="MetricsUnavailable and MetricsRecovered Events",
+    )
+    assert announced is not None and "MetricsUnavailable" in announced, announced
+    wait_for(
+        lambda: any(e.get("reason") == "MetricsRecovered" for e in loop.events()),
+        timeout=30,
+        interval=1.0,
+        message="a MetricsRecovered Event",
+    )
     assert loop.deployment_knobs() == before_knobs
     assert loop.deployment()["metadata"]["generation"] == before_generation
     print(

@@ -212,6 +212,7 @@ class Controller:
         )
         knobs = tuned.knobs
         outcome.events.extend(tuned.events)
+        outcome.events.extend(metrics_transition(previous, tuned.updates))
 
         owner = render.Owner(name=name, namespace=namespace, uid=str(meta["uid"]))
         desired = {
@@ -384,9 +385,8 @@ class Controller:
                 "MetricsAvailable", "True", "MetricsFresh", "Prometheus answers for this revision"
             )
         else:
-            metrics_cond = ConditionUpdate(
-                "MetricsAvailable", "False", "MetricsUnavailable", snapshot.reason
-            )
+            why = "WaitingForRevision" if snapshot.warming_up else "MetricsUnavailable"
+            metrics_cond = ConditionUpdate("MetricsAvailable", "False", why, snapshot.reason)
         updates = [
             ConditionUpdate("Tuning", "True" if in_trial else "False", new.phase, decision.reason),
             metrics_cond,
@@ -497,6 +497,35 @@ def _deployment_event(
         f"Deployment {name} was changed by someone else ({shown or 'unknown fields'}); "
         f"restored to {label}",
     )
+
+
+LOST_METRICS = ("MetricsUnavailable", "MetricsInvalid")
+
+
+def metrics_transition(
+    previous: Mapping[str, Any], updates: Sequence[ConditionUpdate]
+) -> list[Event]:
+    """An Event when metrics are lost or come back: the tuner holds without them, and a
+    condition flip alone is easy to miss. A new revision warming up (WaitingForRevision) is
+    neither: it follows every rollout."""
+    before = _condition(previous, "MetricsAvailable")
+    for update in updates:
+        if update.type != "MetricsAvailable":
+            continue
+        was_true = before.get("status") == "True"
+        was_lost = before.get("status") == "False" and before.get("reason") in LOST_METRICS
+        if was_true and update.status == "False" and update.reason in LOST_METRICS:
+            return [Event("Warning", update.reason, f"tuning holds: {update.message}")]
+        if was_lost and update.status == "True":
+            return [Event("Normal", "MetricsRecovered", f"tuning resumes: {update.message}")]
+    return []
+
+
+def _condition(status: Mapping[str, Any], cond_type: str) -> Mapping[str, Any]:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == cond_type:
+            return dict(cond)
+    return {}
 
 
 def previous_reason(status: Mapping[str, Any], cond_type: str) -> str | None:

@@ -62,7 +62,9 @@ class Observer:
             )
         snap = self._latest.get(key)
         if snap is None:
-            return Snapshot.unavailable(now, window_s, "waiting for the first metrics cycle")
+            return Snapshot.unavailable(
+                now, window_s, "waiting for the first metrics cycle", warming_up=True
+            )
         age = (now - snap.time).total_seconds()
         if age > self.max_age_s:
             return Snapshot.unavailable(

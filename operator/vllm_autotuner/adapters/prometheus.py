@@ -427,12 +427,12 @@ class PrometheusSource:
         for t in targets:
             if not t.pods:
                 out[t.key] = Snapshot.unavailable(
-                    now, t.window_s, "no ready pods of the current revision"
+                    now, t.window_s, "no ready pods of the current revision", warming_up=True
                 )
                 continue
             window, why = effective_window(t, now, self.window_grid_s, self.min_window_s)
             if why is not None:
-                out[t.key] = Snapshot.unavailable(now, t.window_s, why)
+                out[t.key] = Snapshot.unavailable(now, t.window_s, why, warming_up=True)
                 continue
             groups.setdefault(window, []).append(t)
         if not groups:

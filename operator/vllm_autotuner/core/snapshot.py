@@ -99,6 +99,9 @@ class Snapshot:
     window_s: float
     available: bool = True
     reason: str = ""
+    # Unavailable only because the revision is new (no ready pod yet, a window too short, the
+    # first cycle): expected after every rollout, so it is not reported as a loss of metrics.
+    warming_up: bool = False
     revision: str | None = None
     knobs: Knobs | None = None
     num_pods: int = 1
@@ -125,8 +128,17 @@ class Snapshot:
     kv_cache: KVCacheInfo = field(default_factory=KVCacheInfo)
 
     @classmethod
-    def unavailable(cls, time: datetime, window_s: float, reason: str) -> Snapshot:
-        return cls(time=time, window_s=window_s, available=False, reason=reason, num_pods=0)
+    def unavailable(
+        cls, time: datetime, window_s: float, reason: str, *, warming_up: bool = False
+    ) -> Snapshot:
+        return cls(
+            time=time,
+            window_s=window_s,
+            available=False,
+            reason=reason,
+            num_pods=0,
+            warming_up=warming_up,
+        )
 
     def per_pod_rate(self) -> float:
         return self.request_rate / max(1, self.num_pods)

@@ -22,6 +22,7 @@ from tests.support.faults import (
     cond,
     cond_when,
     cr_with_mode,
+    events,
     fast_policy,
     live_knobs,
     operator,
@@ -72,6 +73,8 @@ def test_bad_metrics_change_nothing_and_tuning_resumes_without_a_restart(
             20,
             message="MetricsAvailable=True after recovery",
         )
+        # The recovery is announced (the first bad window was not a loss: nothing was seen yet).
+        wait_for(lambda: events(api, "MetricsRecovered"), 10, message="a MetricsRecovered Event")
         wait_for(lambda: trials_of(api), 20, message="tuning resumed: a trial started")
         wait_for(lambda: live_knobs(api) != START, 20, message="the candidate rolled out")
 
