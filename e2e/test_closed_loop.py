@@ -292,11 +292,13 @@ def test_prometheus_outage_changes_nothing_and_metrics_recover(closed_loop: Make
     assert loop.deployment_knobs() == before_knobs
     assert loop.deployment()["metadata"]["generation"] == before_generation
     assert tuning.get("trials", []) == []
+
+    def new_reasons() -> list[str]:
+        fresh = [e for e in loop.events() if e["metadata"]["name"] not in before_events]
+        return [str(e.get("reason")) for e in fresh]
+
     # No Event about a rollout or a Deployment change was posted while metrics were away.
-    new_reasons = [
-        str(e.get("reason")) for e in loop.events() if e["metadata"]["name"] not in before_events
-    ]
-    assert not {"RolloutStarted", "DeploymentUpdated", "TuningRolledBack"} & set(new_reasons)
+    assert not {"RolloutStarted", "DeploymentUpdated", "TuningRolledBack"} & set(new_reasons())
 
     loop.start_prometheus(port)
     back = wait_for(
@@ -308,28 +310,21 @@ def test_prometheus_outage_changes_nothing_and_metrics_recover(closed_loop: Make
     assert back is not None
     recovered_s = time.monotonic() - down_at
     assert back["reason"] == "MetricsFresh"
+
     # The loss and the return were announced, once each.
-    announced = wait_for(
-        lambda: (
-            [
-                str(e.get("reason"))
-                for e in loop.events()
-                if e["metadata"]["name"] not in before_events
-                and e.get("reason") in ("MetricsUnavailable", "MetricsRecovered")
-            ]
-            or None
-        ),
-        timeout=30,
-        interval=1.0,
-        message="MetricsUnavailable and MetricsRecovered Events",
-    )
-    assert announced is not None and "MetricsUnavailable" in announced, announced
-    wait_for(
-        lambda: any(e.get("reason") == "MetricsRecovered" for e in loop.events()),
+    def once_recovered() -> list[str] | None:
+        reasons = new_reasons()
+        return reasons if "MetricsRecovered" in reasons else None
+
+    reasons = wait_for(
+        once_recovered,
         timeout=30,
         interval=1.0,
         message="a MetricsRecovered Event",
     )
+    assert reasons is not None
+    assert reasons.count("MetricsUnavailable") == 1, reasons
+    assert reasons.count("MetricsRecovered") == 1, reasons
     assert loop.deployment_knobs() == before_knobs
     assert loop.deployment()["metadata"]["generation"] == before_generation
     print(
