@@ -529,10 +529,8 @@ def _condition(status: Mapping[str, Any], cond_type: str) -> Mapping[str, Any]:
 
 
 def previous_reason(status: Mapping[str, Any], cond_type: str) -> str | None:
-    for cond in status.get("conditions") or ():
-        if cond.get("type") == cond_type:
-            return str(cond.get("reason"))
-    return None
+    cond = _condition(status, cond_type)
+    return str(cond.get("reason")) if cond else None
 
 
 def _policy_spec(raw: Mapping[str, Any] | None) -> VLLMTuningPolicySpec | None:
