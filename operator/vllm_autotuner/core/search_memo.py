@@ -109,21 +109,17 @@ class SearchMemo:
             (w0.gen_p90, w1.gen_p90),
             (c0.step_scale, c1.step_scale),
             (c0.compute_scale, c1.compute_scale),
+            (c0.per_request_overhead_s, c1.per_request_overhead_s),
         )
         if any(_drifted(a, b) for a, b in pairs):
             return False
         if abs(w0.prefix_hit_rate - w1.prefix_hit_rate) > PREFIX_HIT_DRIFT:
             return False
-        overhead = max(c0.per_request_overhead_s, c1.per_request_overhead_s)
-        if abs(c0.per_request_overhead_s - c1.per_request_overhead_s) > DRIFT * overhead:
-            return False
-        kv0, kv1 = (
-            c0.kv_tokens_at(inputs.applied.gpu_memory_utilization),
-            c1.kv_tokens_at(inputs.applied.gpu_memory_utilization),
-        )
-        if (kv0 is None) != (kv1 is None):
-            return False
-        return kv0 is None or kv1 is None or not _drifted(kv0, kv1)
+        gmu = inputs.applied.gpu_memory_utilization
+        kv0, kv1 = c0.kv_tokens_at(gmu), c1.kv_tokens_at(gmu)
+        if kv0 is None or kv1 is None:
+            return kv0 is None and kv1 is None
+        return not _drifted(kv0, kv1)
 
 
 def _drifted(a: float, b: float) -> bool:
