@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
-from scipy.optimize import brentq  # type: ignore[import-untyped,unused-ignore]
 
 from vllm_autotuner.core.knob_defaults import GIB, gpu_memory_gib
+from vllm_autotuner.core.numeric import find_root
 from vllm_autotuner.core.snapshot import Snapshot
 from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs
 from vllm_sim.catalog import GPU_ALIASES, GPU_SPECS, MODEL_ALIASES, MODEL_CONFIGS
@@ -291,7 +291,7 @@ class AnalyticModel:
         target_s: float,
         itl_percentile: float | None,
     ) -> Calibration:
-        """Solve for one scale (log-space brentq) so the model reproduces `target_s`."""
+        """Solve for one scale (a root in log space) so the model reproduces `target_s`."""
 
         def value(log_scale: float) -> float:
             c = _with_scale(cal, name, math.exp(log_scale))
@@ -308,7 +308,7 @@ class AnalyticModel:
         elif f_hi <= 0:
             x = hi
         else:
-            x = float(brentq(lambda v: value(v) - target_s, lo, hi, xtol=1e-4))
+            x = find_root(lambda v: value(v) - target_s, lo, hi, xtol=1e-4)
         return _with_scale(cal, name, math.exp(x))
 
     # -- prediction --------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Find the next knob setting worth a rollout.
 
 The space is small on purpose: one rollout may move each knob at most its `max_step` from what
-runs now, so the search is a brute-force pass (scipy.optimize.brute, deterministic) over a
+runs now, so the search is a brute-force pass (`numeric.grid_argmin`, deterministic) over a
 lattice of a few steps per knob around the applied knobs. Safety rules are hard constraints,
 never traded for predicted gain:
 
@@ -24,10 +24,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from scipy.optimize import brute  # type: ignore[import-untyped,unused-ignore]
-
 from vllm_autotuner.core.diagnosis import Diagnosis
+from vllm_autotuner.core.numeric import grid_argmin
 from vllm_autotuner.core.perf_model import (
     Calibration,
     PerformanceModel,
@@ -221,8 +219,8 @@ def search(
             return p.slo_ratio * (1.0 + 1e-3 * move)
         return math.inf
 
-    def score(idx: np.ndarray) -> float:
-        i, j, m = (round(float(x)) for x in idx)
+    def score(idx: tuple[int, ...]) -> float:
+        i, j, m = idx
         k = Knobs(axes[0][i], axes[1][j], axes[2][m])
         key = (k.max_num_batched_tokens, k.max_num_seqs, k.gpu_memory_utilization)
         if key not in cache:
@@ -233,13 +231,7 @@ def search(
                 cache[key] = (score_of(k, p), p)
         return cache[key][0]
 
-    ranges = tuple(slice(0, len(a), 1) for a in axes)
-    if all(len(a) == 1 for a in axes):
-        score(np.zeros(3))
-        best_idx = np.zeros(3)
-    else:
-        best_idx = np.atleast_1d(brute(score, ranges, finish=None))
-    i, j, m = (round(float(x)) for x in best_idx)
+    i, j, m = grid_argmin(score, [len(a) for a in axes])
     best = Knobs(axes[0][i], axes[1][j], axes[2][m])
     key = (best.max_num_batched_tokens, best.max_num_seqs, best.gpu_memory_utilization)
     best_score, best_pred = cache[key]
