@@ -35,6 +35,7 @@ from vllm_autotuner.controller import Controller, Outcome, child_copy, policy_st
 from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
 from vllm_autotuner.core.tuning_types import DeploymentContext
 from vllm_autotuner.observer import Observer, SnapshotSource
+from vllm_autotuner.periodic import run_periodic
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ def build_registry(
     )
     stop_observing = asyncio.Event()
     background: list[asyncio.Task[None]] = []
+    periodic: list[asyncio.Task[None]] = []
     failures: dict[str, int] = {}  # consecutive failed reconciles per object, for backoff
 
     @kopf.on.startup(registry=registry)
@@ -167,7 +169,7 @@ def build_registry(
     @kopf.on.cleanup(registry=registry)
     async def close_clients(**_: Any) -> None:
         stop_observing.set()
-        for task in background:
+        for task in background + periodic:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(task, timeout=5)
         await kube.close()
@@ -199,6 +201,12 @@ def build_registry(
     ) -> dict[str, dict[str, str]]:
         return {name: dict(labels)}
 
+    @kopf.index(GROUP, VERSION, DEPLOYMENTS, id="vllm_index", registry=registry)
+    async def vllm_index(
+        namespace: str | None, name: str | None, body: kopf.Body, **_: Any
+    ) -> dict[str, dict[str, Any]]:
+        return {_child_key(namespace, name): child_copy(body)}
+
     managed = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
 
     @kopf.index(
@@ -223,8 +231,9 @@ def build_registry(
         return {_child_key(namespace, owner): child_copy(body, keep_spec=False)} if owner else None
 
     @kopf.on.event(GROUP, VERSION, POLICIES, id="policy_status", registry=registry)
-    async def publish_policy_status(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def publish_policy_status(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
         """A policy says whether it is usable, so Argo CD and kubectl show bad ones at once."""
+        start_periodic(kwargs)
         if type == "DELETED":
             return
         patch = policy_status_patch(dict(body), controller.clock())
@@ -281,15 +290,57 @@ def build_registry(
             poster(cast(Any, dict(body)), reason=event.reason, message=event.message)
         return outcome
 
-    @kopf.timer(
-        GROUP, VERSION, DEPLOYMENTS, interval=config.reconcile_interval_s, registry=registry
-    )
-    async def reconcile_periodically(body: kopf.Body, **kwargs: Any) -> None:
-        await run_reconcile(dict(body), kwargs)
+    async def reconcile_key(key: str, indexes: Mapping[str, Any]) -> float:
+        """One periodic reconcile from the index's copy; the seconds until the next one."""
+        body = _first(indexes["vllm_index"], key)
+        if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+            return config.reconcile_interval_s
+        try:
+            await run_reconcile(dict(body), indexes)
+        except kopf.TemporaryError as exc:
+            log.warning("%s: %s", key, exc)
+            return float(exc.delay or config.reconcile_interval_s)
+        except Exception:
+            log.exception(
+                "%s: reconcile failed; retrying in %.0f s", key, config.reconcile_interval_s
+            )
+        return config.reconcile_interval_s
+
+    def start_periodic(indexes: Mapping[str, Any]) -> None:
+        """Standalone mode: one loop for every VLLMDeployment (periodic.py says why).
+
+        Started by the first event handler kopf calls, because kopf calls none before every
+        index holds its initial listing (no reconcile against half-filled indexes), and from
+        inside a handler, because the task inherits kopf's context and kopf.info/warn find
+        kopf's Event queue there.
+        """
+        if periodic or not config.standalone or stop_observing.is_set():
+            return
+        periodic.append(
+            asyncio.create_task(
+                run_periodic(
+                    keys=lambda: indexes["vllm_index"].keys(),
+                    reconcile=lambda key: reconcile_key(key, indexes),
+                    stop=stop_observing,
+                    failure_delay_s=config.reconcile_interval_s,
+                ),
+                name="periodic reconcile",
+            )
+        )
+
+    if not config.standalone:
+        # Peering (a warm standby): kopf pauses its timers when a peer takes over; the loop
+        # above could not tell, so here each VLLMDeployment keeps its kopf timer.
+        @kopf.timer(
+            GROUP, VERSION, DEPLOYMENTS, interval=config.reconcile_interval_s, registry=registry
+        )
+        async def reconcile_periodically(body: kopf.Body, **kwargs: Any) -> None:
+            await run_reconcile(dict(body), kwargs)
 
     @kopf.on.event(GROUP, VERSION, DEPLOYMENTS, id="spec_changed", registry=registry)
     async def reconcile_on_change(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
-        """React at once to a new generation instead of waiting for the timer."""
+        """React at once to a new generation instead of waiting for the periodic reconcile."""
+        start_periodic(kwargs)
         if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
             controller.forget(body["metadata"]["namespace"], body["metadata"]["name"])
             failures.pop(_child_key(body["metadata"]["namespace"], body["metadata"]["name"]), None)
@@ -305,6 +356,7 @@ def build_registry(
     )
     async def reconcile_owner(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
         """A child changed (became available, was edited or deleted): reconcile its owner."""
+        start_periodic(kwargs)
         owners = [
             ref
             for ref in body.get("metadata", {}).get("ownerReferences") or []

@@ -18,7 +18,10 @@ from tests.support.cluster_api import (
 )
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
+from vllm_autotuner import GROUP
 from vllm_autotuner.local.emulator import EmulatorServer
+
+FINALIZER = f"{GROUP}/finalizer"  # what kopf put on every VLLMDeployment while timers ran
 
 
 def test_create_update_delete_lifecycle(emulator: EmulatorServer, api: Api) -> None:
@@ -171,3 +174,30 @@ def test_hand_edited_deployment_is_restored(emulator: EmulatorServer, api: Api) 
             15,
             message="args restored",
         )
+
+
+def test_standalone_operator_leaves_no_finalizer_so_deletion_never_waits_for_it(
+    emulator: EmulatorServer, api: Api
+) -> None:
+    """One periodic loop instead of kopf timers (periodic.py): kopf only puts its finalizer on
+    objects with timers, so a VLLMDeployment can be deleted while the operator is down; one
+    that still carries the finalizer of an earlier version is released."""
+    api.create(POLICY_PATH, POLICY)
+    api.create(CR_PATH, copy.deepcopy(CR))
+    old = copy.deepcopy(CR)
+    old["metadata"] = {**old["metadata"], "name": "older", "finalizers": [FINALIZER]}
+    api.create(CR_PATH, old)
+    with running_operator(emulator.url, interval_s=1.0):
+        for name in ("llama", "older"):
+            wait_for(
+                lambda n=name: api.get(f"{DEPLOYMENT_PATH}/{n}"), 20, message=f"{name} deployed"
+            )
+        wait_for(
+            lambda: not (api.get(f"{CR_PATH}/older") or {})["metadata"].get("finalizers"),
+            20,
+            message="the earlier version's finalizer released",
+        )
+        assert not (api.get(f"{CR_PATH}/llama") or {})["metadata"].get("finalizers")
+    # The operator is stopped: deletion completes at once.
+    api.delete(f"{CR_PATH}/llama")
+    wait_for(lambda: api.get(f"{CR_PATH}/llama") is None, 5, message="CR deleted without operator")

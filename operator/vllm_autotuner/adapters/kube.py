@@ -3,23 +3,25 @@
 Why not the generated `kubernetes` client: version 37 validates bodies client-side with
 pydantic, maps responses by exact status code and returns typed models; the operator needs
 raw manifests, server-side apply with a fixed field manager, and one code path that behaves
-the same against kube-apiserver and the local emulator. Credentials still come from the
-`kubernetes` package's loaders (in-cluster or kubeconfig), read once at start.
+the same against kube-apiserver and the local emulator. Credentials (in-cluster or kubeconfig)
+are read once at start by our own loader, `adapters.kubeconfig`: importing the `kubernetes`
+package for its loaders alone would cost the operator about 11 MiB resident.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import ssl
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
 
 from vllm_autotuner import FIELD_MANAGER, __version__
+from vllm_autotuner.adapters.kubeconfig import KubeconfigError as KubeconfigError
+from vllm_autotuner.adapters.kubeconfig import KubeCredentials as KubeCredentials
+from vllm_autotuner.adapters.kubeconfig import load_credentials as load_credentials
 
 USER_AGENT = f"{FIELD_MANAGER}/{__version__}"
 
@@ -37,39 +39,6 @@ class Conflict(KubeError):
 
 class NotFound(KubeError):
     pass
-
-
-@dataclass(frozen=True)
-class KubeCredentials:
-    server: str
-    token: str | None = None
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    verify: bool = True
-
-
-def load_credentials(kubeconfig: str | None = None) -> KubeCredentials:
-    """In-cluster service-account credentials, else the kubeconfig (explicit path or default)."""
-    from kubernetes import client, config  # the loaders only; never the generated API
-
-    cfg = client.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
-    token = None
-    auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
-    if auth:
-        token = auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else auth
-    return KubeCredentials(
-        server=str(cfg.host).rstrip("/"),
-        token=token,
-        ca_file=cfg.ssl_ca_cert,
-        cert_file=cfg.cert_file,
-        key_file=cfg.key_file,
-        verify=bool(cfg.verify_ssl),
-    )
 
 
 def resource_path(
