@@ -1,7 +1,8 @@
 """The chart's RBAC is exactly what the operator uses against the API emulator.
 
 The operator runs a full scenario (policy, deploy, tune with a rollout and a commit, a child
-deleted by hand, the CR deleted) and every request it made is read back from the emulator's
+deleted by hand, the CR deleted, and a CR that still carries the finalizer an earlier version's
+kopf timers put on it, which kopf releases with a patch) and every request it made is read back from the emulator's
 request log. A permission it used that the chart lacks fails the test, and so does one the
 chart grants that nothing used (except the few listed below, with the reason).
 """
@@ -17,6 +18,7 @@ from tests.support.faults import fast_policy
 from tests.support.helm import Rule, chart_rbac_rules
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
+from vllm_autotuner import GROUP
 from vllm_autotuner.local.emulator import EmulatorServer
 
 # Granted but not exercised by the emulator, each for a reason the emulator cannot show.
@@ -46,6 +48,13 @@ def test_chart_rbac_equals_what_the_operator_uses(emulator: EmulatorServer, api:
     cr = copy.deepcopy(CR)
     cr["spec"]["tuning"] = {"mode": "Auto"}
     api.create(CR_PATH, cr)
+    upgraded = copy.deepcopy(CR)
+    upgraded["metadata"] = {
+        **upgraded["metadata"],
+        "name": "upgraded",
+        "finalizers": [f"{GROUP}/finalizer"],
+    }
+    api.create(CR_PATH, upgraded)
     with (
         FakeKubelet(emulator.url, NS),
         running_operator(emulator.url, interval_s=0.5, snapshot_source=SyntheticSnapshots()),
@@ -59,6 +68,11 @@ def test_chart_rbac_equals_what_the_operator_uses(emulator: EmulatorServer, api:
         wait_for(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 20, message="child re-created")
         api.delete(f"{CR_PATH}/llama")
         wait_for(lambda: api.get(f"{CR_PATH}/llama") is None, 20, message="CR deleted")
+        wait_for(
+            lambda: not (api.get(f"{CR_PATH}/upgraded") or {})["metadata"].get("finalizers"),
+            20,
+            message="the earlier version's finalizer released",
+        )
 
     used = used_rules(emulator)
     granted = chart_rbac_rules()
