@@ -304,6 +304,11 @@ def build_registry(
             log.exception(
                 "%s: reconcile failed; retrying in %.0f s", key, config.reconcile_interval_s
             )
+        finally:
+            if _first(indexes["vllm_index"], key) is None:
+                # Deleted while this reconcile ran: the deletion event's forget() came first.
+                meta = body["metadata"]
+                controller.forget(meta["namespace"], meta["name"])
         return config.reconcile_interval_s
 
     def start_periodic(indexes: Mapping[str, Any]) -> None:
