@@ -58,7 +58,7 @@ from vllm_sim.types import EngineCrashed
 from vllm_sim.workload import run_virtual
 
 EPOCH = datetime(2026, 1, 5, tzinfo=UTC)  # virtual t = 0 (a Monday, 00:00 UTC)
-RECONCILE_S = 30.0  # the operator's default timer (operator.py reconcile_interval_s)
+RECONCILE_S = 30.0  # the operator's default reconcile interval (operator.py reconcile_interval_s)
 
 
 @dataclass(frozen=True)

@@ -271,8 +271,8 @@ def build_registry(
             metrics.reconcile_errors.labels(meta.get("namespace"), meta.get("name")).inc()
             failures[key] = failures.get(key, 0) + 1
             delay = retry_delay(failures[key], config.reconcile_interval_s)
-            # The timer retries after `delay` with the freshest body kopf has seen; event
-            # handlers are not retried by kopf, the timer catches up for them.
+            # The periodic reconcile (loop or timer) retries after `delay` with the freshest
+            # body kopf has seen; event handlers are not retried by kopf, it catches up for them.
             raise kopf.TemporaryError(
                 f"reconcile failed ({type(exc).__name__}: {exc}); retry in {delay:.2f}s",
                 delay=delay,

@@ -1,7 +1,7 @@
 """metav1.Condition bookkeeping with the API conventions' semantics.
 
 `lastTransitionTime` moves only when a condition's status changes, so rewriting the same
-condition does not produce a status write (every write wakes Argo CD and kopf timers).
+condition does not produce a status write (every write wakes Argo CD and every watcher).
 """
 
 from __future__ import annotations
