@@ -104,7 +104,7 @@ class Controller:
         self._applied: dict[tuple[str, str, str], tuple[float, Mapping[str, Any]]] = {}
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
-        """One reconcile at a time per object: the periodic reconcile and the event handlers share it."""
+        """One reconcile at a time per object: the periodic one and the event handlers share it."""
         return self._locks.setdefault((namespace, name), asyncio.Lock())
 
     def forget(self, namespace: str, name: str) -> None:
