@@ -3,8 +3,9 @@
 The operator runs a full scenario (policy, deploy, tune with a rollout and a commit, a child
 deleted by hand, the CR deleted, and a CR that still carries the finalizer an earlier
 version's kopf timers put on it, which kopf releases with a patch) and every request it made
-is read back from the emulator's request log. A permission it used that the chart lacks fails the test, and so does one the
-chart grants that nothing used (except the few listed below, with the reason).
+is read back from the emulator's request log. A permission it used that the chart lacks
+fails the test, and so does one the chart grants that nothing used (except the few listed
+below, with the reason).
 """
 
 from __future__ import annotations
