@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import os
 import time
@@ -40,6 +41,10 @@ from vllm_autotuner.periodic import run_periodic
 log = logging.getLogger(__name__)
 
 DEPLOYMENTS = "vllmdeployments"
+# How long kopf keeps a token read from a file before it asks `login` again. The kubelet
+# refreshes a projected token at 80% of its lifetime (an hour by default), so the old one stays
+# valid for at least twelve minutes after a rotation.
+LOGIN_TTL = datetime.timedelta(minutes=5)
 POLICIES = "vllmtuningpolicies"
 
 
@@ -176,11 +181,17 @@ def build_registry(
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        """kopf talks to the same API server, with the same credentials, as our client."""
+        """kopf talks to the same API server, with the same credentials, as our client.
+
+        A token from a file (the pod's rotated service-account token) expires for kopf after
+        LOGIN_TTL, so kopf logs in again and its watches use the fresh one too.
+        """
         creds = config.credentials
+        expiration = datetime.datetime.now(datetime.UTC) + LOGIN_TTL if creds.token_file else None
         return kopf.ConnectionInfo(
             server=creds.server,
-            token=creds.token,
+            token=kube.bearer.current(),
+            expiration=expiration,
             ca_path=creds.ca_file,
             certificate_path=creds.cert_file,
             private_key_path=creds.key_file,

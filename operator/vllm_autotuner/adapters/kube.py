@@ -4,8 +4,9 @@ Why not the generated `kubernetes` client: version 37 validates bodies client-si
 pydantic, maps responses by exact status code and returns typed models; the operator needs
 raw manifests, server-side apply with a fixed field manager, and one code path that behaves
 the same against kube-apiserver and the local emulator. Credentials (in-cluster or kubeconfig)
-are read once at start by our own loader, `adapters.kubeconfig`: importing the `kubernetes`
-package for its loaders alone would cost the operator about 11 MiB resident.
+come from our own loader, `adapters.kubeconfig` (importing the `kubernetes` package for its
+loaders alone would cost the operator about 11 MiB resident); a token from a file (the pod's
+service account) is re-read every minute, as the kubelet rotates it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 
 from vllm_autotuner import FIELD_MANAGER, __version__
+from vllm_autotuner.adapters.kubeconfig import BearerToken
 from vllm_autotuner.adapters.kubeconfig import KubeconfigError as KubeconfigError
 from vllm_autotuner.adapters.kubeconfig import KubeCredentials as KubeCredentials
 from vllm_autotuner.adapters.kubeconfig import load_credentials as load_credentials
@@ -69,6 +71,7 @@ class KubeClient:
 
     def __init__(self, credentials: KubeCredentials, timeout_s: float = 30.0) -> None:
         self.credentials = credentials
+        self.bearer = BearerToken(credentials)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
@@ -89,8 +92,6 @@ class KubeClient:
                             self.credentials.cert_file, self.credentials.key_file
                         )
                 headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
-                if self.credentials.token:
-                    headers["Authorization"] = f"Bearer {self.credentials.token}"
                 self._session = aiohttp.ClientSession(
                     headers=headers,
                     timeout=self.timeout,
@@ -118,6 +119,9 @@ class KubeClient:
             url += "?" + urlencode(params)
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if body is not None else {}
+        token = self.bearer.current()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         async with session.request(method, url, data=data, headers=headers) as response:
             text = await response.text()
             payload: Any = None

@@ -25,7 +25,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,12 +68,53 @@ class KubeconfigError(ValueError):
 
 @dataclass(frozen=True)
 class KubeCredentials:
+    """`token` is the value read at load time; with `token_file` set, `BearerToken` re-reads it."""
+
     server: str
     token: str | None = None
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
     verify: bool = True
+    token_file: str | None = None
+
+
+class BearerToken:
+    """The token to send now, re-read from its file every `refresh_s` seconds.
+
+    Why: the kubelet rotates a pod's projected service-account token (about hourly), and an API
+    server that does not extend token lifetimes refuses the old one once it expires, so an
+    operator that read its token once would lose the cluster after an hour. client-go re-reads
+    the file every minute; so does this. A failed read keeps the last good token (a rotation
+    writes the file atomically, so a failure is a real fault, worth a warning, not an outage).
+    """
+
+    def __init__(
+        self,
+        credentials: KubeCredentials,
+        refresh_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._file = credentials.token_file
+        self._value = credentials.token
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._read_at = clock()
+
+    def current(self) -> str | None:
+        if self._file is None:
+            return self._value
+        now = self._clock()
+        if now - self._read_at >= self._refresh_s:
+            self._read_at = now
+            try:
+                text = Path(self._file).read_text().strip()
+            except OSError as exc:
+                logger.warning("cannot re-read the token file %s: %s", self._file, exc)
+                text = ""
+            if text:
+                self._value = text
+        return self._value
 
 
 def load_credentials(
@@ -115,7 +157,9 @@ def load_incluster(service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> KubeCrede
         raise KubeconfigError(f"in-cluster config: {token_file} is empty")
     if not ca:
         raise KubeconfigError(f"in-cluster config: {ca_file} is empty")
-    return KubeCredentials(server=f"https://{hostport}", token=token, ca_file=str(ca_file))
+    return KubeCredentials(
+        server=f"https://{hostport}", token=token, ca_file=str(ca_file), token_file=str(token_file)
+    )
 
 
 def kubeconfig_paths(explicit: str | None = None) -> list[Path]:
@@ -262,9 +306,12 @@ def _credentials(
 
     # The same precedence as kubernetes.config: a token (inline before file), else exec.
     token: str | None = None
+    token_file: str | None = None
     exec_cert: tuple[str, str] | None = None
     if user is not None:
         token = _token(user, where_user)
+        if token is not None and not user.body.get("token"):
+            token_file = str(_resolve(user, str(user.body["tokenFile"])))  # re-read later
         if token is None and user.body.get("exec"):
             token, exec_cert = _run_exec(user, where_user, cluster.body, exec_timeout_s)
 
@@ -287,6 +334,7 @@ def _credentials(
         cert_file=cert_file,
         key_file=key_file,
         verify=not insecure,
+        token_file=token_file,
     )
 
 
