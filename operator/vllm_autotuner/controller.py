@@ -102,6 +102,10 @@ class Controller:
         # What our own applies returned: fresher than the watch-fed indexes for a moment, so a
         # reconcile right after an apply does not apply (and announce) the same child again.
         self._applied: dict[tuple[str, str, str], tuple[float, Mapping[str, Any]]] = {}
+        # The VLLMDeployment as our last status write returned it, until the watch catches up:
+        # a reconcile from an older copy (an index or kopf body behind the watch) would decide
+        # again from the state before that write, e.g. re-apply a trial it just rolled back.
+        self._written: dict[tuple[str, str], Mapping[str, Any]] = {}
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One reconcile at a time per object: the periodic one and the event handlers share it."""
@@ -113,6 +117,7 @@ class Controller:
             self._applied.pop((namespace, name, kind), None)
         self._models.pop((namespace, name), None)
         self._searches.pop((namespace, name), None)
+        self._written.pop((namespace, name), None)
         self.observer.forget((namespace, name))
         if self.metrics is not None:
             self.metrics.forget(namespace, name)
@@ -131,7 +136,20 @@ class Controller:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         async with self.lock(namespace, name):
+            body = self._freshest_self(namespace, name, body)
             return await self._reconcile(body, policies, namespace_labels, children, pods)
+
+    def _freshest_self(
+        self, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """The newer of `body` and what our last status write returned (by resourceVersion)."""
+        written = self._written.get((namespace, name))
+        if written is None:
+            return body
+        if _resource_version(body) >= _resource_version(written):
+            del self._written[(namespace, name)]  # the watch has caught up
+            return body
+        return written
 
     async def _reconcile(
         self,
@@ -454,8 +472,10 @@ class Controller:
         if not patch:
             return
         path = resource_path(API_VERSION, "vllmdeployments", namespace, name)
-        await self.kube.merge_patch(path, {"status": patch}, subresource="status")
+        result = await self.kube.merge_patch(path, {"status": patch}, subresource="status")
         outcome.status_written = True
+        if isinstance(result.get("metadata"), Mapping) and "status" in result:
+            self._written[(namespace, name)] = child_copy(result)
 
 
 def _deployment_event(
