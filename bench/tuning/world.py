@@ -307,7 +307,7 @@ class World:
                     labels[c.extra_label] = label
                 db.append(labels, t, v)
         hists: tuple[Histogram, ...] = (
-            m.ttft, m.itl, m.e2e, m.queue, m.prompt_tokens_h, m.generation_tokens_h,
+            m.ttft, m.itl, m.e2e, m.queue, m.prefill, m.prompt_tokens_h, m.generation_tokens_h,
             m.iteration_tokens,
         )  # fmt: skip
         for h in hists:

@@ -73,6 +73,7 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     Signal("e2e", "histogram", ("vllm:e2e_request_latency_seconds",)),
     Signal("queue_time", "histogram", ("vllm:request_queue_time_seconds",)),
+    Signal("prefill_time", "histogram", ("vllm:request_prefill_time_seconds",)),
     Signal("prompt_len", "histogram", ("vllm:request_prompt_tokens",)),
     Signal("generation_len", "histogram", ("vllm:request_generation_tokens",)),
     Signal("iteration_tokens", "histogram", ("vllm:iteration_tokens_total",)),
@@ -533,8 +534,15 @@ def _latency(
     at_slo = ms(slo.percentile / 100.0) if slo is not None else None
     mean = total / count * 1000.0 if total is not None else None
     attainment = fraction_below(slo.threshold_ms / 1000.0, buckets) if slo is not None else None
+    cumulative = tuple((b * 1000.0, c) for b, c in sorted(buckets))
     summary = LatencySummary(
-        p50_ms=p50, p90_ms=p90, p95_ms=p95, p99_ms=p99, at_slo_ms=at_slo, mean_ms=mean
+        p50_ms=p50,
+        p90_ms=p90,
+        p95_ms=p95,
+        p99_ms=p99,
+        at_slo_ms=at_slo,
+        mean_ms=mean,
+        buckets=cumulative,
     )
     return summary, attainment
 
@@ -547,6 +555,7 @@ def _lengths(buckets: Sequence[tuple[float, float]], total: float | None) -> Len
         mean=total / count if total is not None else None,
         p50=histogram_quantile(0.5, buckets),
         p90=histogram_quantile(0.9, buckets),
+        buckets=tuple(sorted(buckets)),
     )
 
 
@@ -672,6 +681,7 @@ def assemble(
     itl, itl_att = _latency(*_histogram(rows("itl")), slo_itl)
     e2e, e2e_att = _latency(*_histogram(rows("e2e")), slo_e2e)
     queue, _ = _latency(*_histogram(rows("queue_time")), None)
+    prefill, _ = _latency(*_histogram(rows("prefill_time")), None)
     prompt = _lengths(*_histogram(rows("prompt_len")))
     generation = _lengths(*_histogram(rows("generation_len")))
     it_buckets, it_sum = _histogram(rows("iteration_tokens"))
@@ -711,6 +721,7 @@ def assemble(
         itl=itl,
         e2e=e2e,
         queue_time=queue,
+        prefill_time=prefill,
         ttft_attainment=ttft_att,
         itl_attainment=itl_att,
         e2e_attainment=e2e_att,

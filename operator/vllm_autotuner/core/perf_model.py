@@ -14,18 +14,34 @@ engine instead: slower (about a second per decide), closer to what vLLM does.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from vllm_autotuner.core.knob_defaults import GIB, gpu_memory_gib
-from vllm_autotuner.core.numeric import find_root
-from vllm_autotuner.core.snapshot import Snapshot
+from vllm_autotuner.core.physics import (
+    FALLBACK_MODEL,
+    DeploymentShape,
+    FloatArray,
+    Physics,
+    lognormal_sigma,
+    sim_gpu_name,
+)
+from vllm_autotuner.core.snapshot import LatencySummary, Snapshot
+from vllm_autotuner.core.steady_state import (
+    Costs,
+    Knobs3,
+    SteadyState,
+    StepCurve,
+    Traffic,
+    steady_state,
+)
 from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs
-from vllm_sim.catalog import GPU_ALIASES, GPU_SPECS, MODEL_ALIASES, MODEL_CONFIGS
+from vllm_sim.catalog import MODEL_ALIASES, MODEL_CONFIGS
 from vllm_sim.engine import Engine
+from vllm_sim.steptime import CALIBRATION as STEP_CALIBRATION
 from vllm_sim.types import EngineConfig, Reality, StartupError
 from vllm_sim.workload import LengthDist, WorkloadSpec
 
@@ -47,15 +63,17 @@ class Workload:
 
     @classmethod
     def from_snapshot(cls, s: Snapshot, slo: SLO, safety_margin: float) -> Workload:
-        """Lengths and rate as observed; p90 falls back to 2x the mean (a long-tailed guess)."""
+        """Lengths and rate as observed. The p90s come from a log-normal fitted to the length
+        histograms (their buckets are too coarse to interpolate in), else from the histogram,
+        else 2x the mean (a long-tailed guess)."""
         pm = s.prompt_len.mean or s.prompt_len.p50 or 512.0
         gm = s.generation_len.mean or s.generation_len.p50 or 128.0
         return cls(
             request_rate=s.per_pod_rate(),
             prompt_mean=pm,
-            prompt_p90=s.prompt_len.p90 or 2.0 * pm,
+            prompt_p90=s.prompt_len.lognormal_p90() or s.prompt_len.p90 or 2.0 * pm,
             gen_mean=gm,
-            gen_p90=s.generation_len.p90 or 2.0 * gm,
+            gen_p90=s.generation_len.lognormal_p90() or s.generation_len.p90 or 2.0 * gm,
             prefix_hit_rate=min(0.99, max(0.0, s.prefix_cache_hit_rate or 0.0)),
             slo=slo,
             safety_margin=safety_margin,
@@ -69,16 +87,23 @@ class Workload:
 class Calibration:
     """Fitted parameters of a model for one deployment (persisted in status.tuning).
 
-    `step_scale` multiplies the prior step time (1.0 = the catalog's GPU at the assumed
-    efficiencies); `compute_scale` multiplies the per-token compute cost on top of it (what
-    makes prefill-carrying steps long); `per_request_overhead_s` is time a request spends
-    outside engine steps (API server, tokenisation); the KV fields let capacity follow
-    gpu_memory_utilization.
+    `bandwidth` and `compute` multiply the prior's memory-bandwidth and compute efficiencies
+    (1.0 = the simulator's calibrated roofline for this model and GPU); `admit_s` is the CPU
+    time a step spends per request it admits; `api_s` is time a request spends outside the
+    engine before its first token (HTTP, tokenisation); `jitter` the relative spread of step
+    times around the roofline (log-normal sigma); `kv_scale` is the observed KV cache
+    over the prior's at the observed knobs. `fit_error` is the worst |log| residual of the
+    fit (how well the model explains the window it was fitted on). The KV byte fields let
+    capacity follow gpu_memory_utilization where the physics is not exact.
     """
 
-    step_scale: float = 1.0
-    compute_scale: float = 1.0
-    per_request_overhead_s: float = 0.0
+    bandwidth: float = 1.0
+    compute: float = 1.0
+    admit_s: float = 0.0
+    api_s: float = 0.0
+    jitter: float = 0.05
+    kv_scale: float = 1.0
+    fit_error: float | None = None
     kv_bytes_per_token: float | None = None
     gpu_memory_bytes: float | None = None
     observed_kv_tokens: float | None = None
@@ -105,9 +130,13 @@ class Calibration:
             return None if v is None else float(v)
 
         return cls(
-            step_scale=g("step_scale") or 1.0,
-            compute_scale=g("compute_scale") or 1.0,
-            per_request_overhead_s=g("per_request_overhead_s") or 0.0,
+            bandwidth=g("bandwidth") or 1.0,
+            compute=g("compute") or 1.0,
+            admit_s=g("admit_s") or 0.0,
+            api_s=g("api_s") or 0.0,
+            jitter=g("jitter") or 0.05,
+            kv_scale=g("kv_scale") or 1.0,
+            fit_error=g("fit_error"),
             kv_bytes_per_token=g("kv_bytes_per_token"),
             gpu_memory_bytes=g("gpu_memory_bytes"),
             observed_kv_tokens=g("observed_kv_tokens"),
@@ -127,7 +156,7 @@ class Calibration:
             )
             return max(0.0, (gmu * self.gpu_memory_bytes - non_kv) / self.kv_bytes_per_token)
         # Without byte counts assume 30% of the GPU is weights and activations (8B on 80 GB:
-        # 16 GB weights + a few GB of activations and graphs, reference/vllm.md §3).
+        # 16 GB weights + a few GB of activations and graphs).
         f0 = min(0.3, 0.9 * self.observed_gmu)
         return max(0.0, self.observed_kv_tokens * (gmu - f0) / (self.observed_gmu - f0))
 
@@ -171,82 +200,72 @@ class PerformanceModel(Protocol):
 
 # --------------------------------------------------------------------------- analytic model
 
-# Achieved memory bandwidth (B/s) and dense BF16 compute (FLOP/s) per GPU, from
-# reference/simulator-calibration.md §1.1 (vendor data sheets, dense figures).
-_GPU_SPECS: dict[str, tuple[float, float]] = {
-    "H100": (3.35e12, 989e12),
-    "H200": (4.8e12, 989e12),
-    "A100": (2.039e12, 312e12),
-    "L40S": (0.864e12, 362e12),
-    "B200": (8.0e12, 2250e12),
-}
-# Llama-3.1-8B shaped priors (simulator-calibration.md §1.2): 15.01 GB read per decode step,
-# 128 KiB of KV per token, ~15 GFLOP per prefill token; efficiencies 0.85 (bandwidth) and 0.5
-# (compute); ~2.5 ms of host work per step. The calibrated step_scale absorbs the rest.
-_WEIGHT_BYTES = 15.01e9
-_KV_BYTES = 131072.0
-_FLOP_PER_TOKEN = 15e9
-_ETA_BW = 0.85
-_ETA_MFU = 0.5
-_STEP_FIXED_S = 2.5e-3
-
-
-def _specs(product: str | None) -> tuple[float, float]:
-    p = (product or "H100").upper()
-    for key in ("H200", "H100", "A100", "L40S", "B200"):
-        if key in p:
-            return _GPU_SPECS[key]
-    return _GPU_SPECS["H100"]
-
 
 def _percentile(slo: SLO, metric: str) -> float:
     t = getattr(slo, metric)
     return DEFAULT_PERCENTILE if t is None else float(t.percentile)
 
 
-class _Steady(NamedTuple):
-    """A tuple, not a dataclass: the capacity search builds a few thousand per decision."""
-
-    step_s: float  # mean step time
-    decode_step_s: float
-    prefill_step_s: float
-    running: float
-    util: float  # utilisation of the tightest resource
-    wait_mean_s: float
-    stable: bool
-    preemption_rate: float
-    chunk: float
-    prefill_steps_frac: float
+def shape_of(ctx: DeploymentContext) -> DeploymentShape:
+    return DeploymentShape(
+        model=ctx.model,
+        gpu_product=ctx.gpu_product,
+        tensor_parallel_size=ctx.tensor_parallel_size,
+        max_model_len=ctx.max_model_len,
+        kv_cache_dtype=ctx.kv_cache_dtype,
+        enable_prefix_caching=ctx.enable_prefix_caching,
+    )
 
 
-_UNSTABLE = _Steady(
-    math.inf, math.inf, math.inf, math.inf, math.inf, math.inf, False, 0.0, 0.0, 1.0
-)
+# How strongly the prior holds a parameter (a residual of this weight per unit of distance).
+_PRIOR_WEIGHT = 0.05
+# Weight of a histogram bucket's cumulative fraction against the log of the mean.
+_SHAPE_WEIGHT = 2.0
 
 
-class _Pre(NamedTuple):
-    """What one prediction's many steady states share: step coefficients and KV capacity."""
-
-    fixed: float
-    weights: float
-    kv_read: float
-    compute: float
-    kv_cap: float | None
+def _itl_shape(itl: LatencySummary) -> list[tuple[float, float]]:
+    """(bound in s, observed fraction at or under it) for the informative bucket bounds."""
+    total = itl.count
+    if total <= 0:
+        return []
+    return [
+        (bound / 1000.0, cum / total)
+        for bound, cum in itl.buckets
+        if math.isfinite(bound) and 0.01 < cum / total < 0.995
+    ]
 
 
 class AnalyticModel:
-    """A steady-state model of vLLM's V1 scheduler (vllm.md §4) at a Poisson arrival rate.
+    """vLLM's V1 scheduler in steady state on the deployment's physics (core/steady_state.py).
 
-    Per step: `t = scale * (fixed + max(weights + kv_read * context, compute * tokens))`.
-    With Little's law (running = rate * decode steps * t) and the token flow
-    (tokens per step = rate * (uncached prompt + output) * t) this has a closed-form fixed
-    point; the token budget, max_num_seqs and the KV cache are the three servers a request may
-    queue for. Tails come from the mix of decode-only and prefill-carrying steps (ITL) and an
-    exponential waiting-time tail (TTFT).
+    Calibration fits the memory and compute efficiencies and the per-admission cost so that the
+    model reproduces the window's mean and tail inter-token latency **at the batch the window
+    actually ran** (the running-requests gauge), not at the batch Little's law would give for
+    the observed throughput: both are engine physics, so a window in overload calibrates as
+    well as a quiet one, and queueing is predicted rather than fitted. Capacity is the highest
+    per-pod rate whose predicted SLO percentiles meet every target with the safety margin.
     """
 
     def __init__(self, gpu_product: str | None = None) -> None:
         self.gpu_product = gpu_product
+        self.physics: Physics | None = None
+        self._curves: dict[tuple[float, ...], Callable[[FloatArray], FloatArray]] = {}
+
+    def bind(self, ctx: DeploymentContext) -> Physics:
+        """The physics of this deployment (the model is bound to one deployment at a time)."""
+        shape = shape_of(ctx)
+        if self.physics is None or self.physics.shape != shape:
+            self.physics = Physics.of(shape)
+            self._curves.clear()
+        self.gpu_product = ctx.gpu_product
+        return self.physics
+
+    def _phys(self) -> Physics:
+        if self.physics is None:
+            self.physics = Physics.of(
+                DeploymentShape(model=FALLBACK_MODEL, gpu_product=self.gpu_product)
+            )
+        return self.physics
 
     # -- calibration -------------------------------------------------------------------------
 
@@ -258,87 +277,94 @@ class AnalyticModel:
         workload: Workload,
         prior: Calibration | None,
     ) -> Calibration:
-        """Fit step time to the observed ITL (mean and tail) and overhead to the median TTFT.
-
-        Two scales are fitted in turn: the whole step (from the mean ITL, mostly decode-only
-        steps) and the compute part (from the ITL tail, the steps that carry prefill chunks).
-        """
-        self.gpu_product = ctx.gpu_product
-        cal = replace(_kv_calibration(snapshot, knobs, ctx, prior), fitted=False)
+        phys = self.bind(ctx)
+        cal = replace(_kv_calibration(snapshot, knobs, ctx, prior, phys), fitted=False)
         mean_itl = snapshot.itl.mean_ms or snapshot.itl.p50_ms
         if mean_itl is None or workload.request_rate <= 0:
             return cal
-        q = _percentile(workload.slo, "itl")
-        tail_itl = snapshot.itl.at(q)
-        for _ in range(3):
-            cal = self._fit(cal, "step_scale", knobs, workload, mean_itl / 1000.0, None)
-            if tail_itl is not None and tail_itl > mean_itl:
-                cal = self._fit(cal, "compute_scale", knobs, workload, tail_itl / 1000.0, q)
-        cal = replace(cal, fitted=True)
-        ttft = snapshot.ttft.p50_ms
-        if ttft is not None:
-            no_overhead = replace(cal, per_request_overhead_s=0.0)
-            pred = self._latencies(knobs, workload, no_overhead, percentile_override=50.0)
-            cal = replace(cal, per_request_overhead_s=max(0.0, ttft / 1000.0 - pred[0]))
-        return cal
+        running = snapshot.running_mean
+        traffic = _traffic(workload, workload.request_rate)
+        kv = self._kv(knobs, cal)
+        # What the window showed of the step times: the exact mean inter-token latency, and
+        # the histogram's cumulative fractions at its bucket bounds (never percentiles
+        # interpolated inside a wide bucket).
+        shape = _itl_shape(snapshot.itl)
+        target = math.log(mean_itl / 1000.0)
+        # The mean prefill time (first scheduled to first token) is compute physics: how long
+        # the steps that carry prompts take, without the wait in the queue.
+        prefill_ms = snapshot.prefill_time.mean_ms
+        prefill_target = math.log(prefill_ms / 1000.0) if prefill_ms else None
 
-    def _fit(
+        def evaluate(x: Sequence[float]) -> SteadyState:
+            c = _with_params(cal, x)
+            return steady_state(
+                traffic, Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv),
+                self._curve_at(c), _costs(c), running=running,
+            )  # fmt: skip
+
+        def residuals(x: Sequence[float]) -> list[float]:
+            st = evaluate(x)
+            prior_terms = _prior_terms(x)
+            n = 1 + len(shape) + (prefill_target is not None)
+            if not st.stable:
+                return [5.0] * n + prior_terms
+            fit = [math.log(max(st.itl_mean_s, 1e-9)) - target]
+            fit += [_SHAPE_WEIGHT * (st.itl_below(b) - f) for b, f in shape]
+            if prefill_target is not None:
+                fit.append(math.log(max(st.prefill_mean_s, 1e-9)) - prefill_target)
+            return fit + prior_terms
+
+        x0 = _params(cal)
+        x = _least_squares(residuals, x0)
+        fit = replace(_with_params(cal, x), fitted=True)
+        st = evaluate(x)
+        if st.stable:
+            fit = replace(fit, fit_error=abs(math.log(max(st.itl_mean_s, 1e-9)) - target))
+        return self._fit_api(fit, snapshot, knobs, workload, kv, running)
+
+    def _fit_api(
         self,
         cal: Calibration,
-        name: str,
+        snapshot: Snapshot,
         knobs: Knobs,
-        w: Workload,
-        target_s: float,
-        itl_percentile: float | None,
+        workload: Workload,
+        kv: float | None,
+        running: float | None,
     ) -> Calibration:
-        """Solve for one scale (a root in log space) so the model reproduces `target_s`."""
-
-        def value(log_scale: float) -> float:
-            c = _with_scale(cal, name, math.exp(log_scale))
-            if itl_percentile is None:
-                st = self._steady(knobs, w, c)
-                return st.step_s if st.stable else 1e3
-            itl = self._latencies(knobs, w, c, itl_override=itl_percentile)[1]
-            return itl if math.isfinite(itl) else 1e3
-
-        lo, hi = math.log(0.02), math.log(50.0)
-        f_lo, f_hi = value(lo) - target_s, value(hi) - target_s
-        if f_lo >= 0:
-            x = lo
-        elif f_hi <= 0:
-            x = hi
-        else:
-            x = find_root(lambda v: value(v) - target_s, lo, hi, xtol=1e-4)
-        return _with_scale(cal, name, math.exp(x))
+        """What the engine cannot explain of the median TTFT, in a window without a queue."""
+        ttft = snapshot.ttft.p50_ms
+        if ttft is None or (snapshot.waiting_mean or 0.0) > 1.0:
+            return cal
+        st = steady_state(
+            _traffic(workload, workload.request_rate),
+            Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv),
+            self._curve_at(cal),
+            _costs(replace(cal, api_s=0.0)),
+            running=running,
+        )
+        if not st.stable:
+            return cal
+        return replace(cal, api_s=min(5.0, max(0.0, ttft / 1000.0 - st.ttft(0.5))))
 
     # -- prediction --------------------------------------------------------------------------
 
     def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction:
-        kv = calibration.kv_tokens_at(knobs.gpu_memory_utilization)
+        kv = self._kv(knobs, calibration)
+        if self._starts(knobs) is False:
+            return _cannot(kv, "vLLM would not start with these knobs (KV cache does not fit)")
         if kv is not None and kv < workload.prompt_p90 + workload.gen_p90:
-            return Prediction(
-                math.inf,
-                math.inf,
-                math.inf,
-                kv,
-                0.0,
-                False,
-                0.0,
-                False,
-                f"KV cache of {kv:.0f} tokens cannot hold one long request",
-                math.inf,
-            )
-        pre = self._pre(knobs, calibration)
-        ttft, itl, e2e, st = self._latencies(knobs, workload, calibration, pre=pre)
-        meets = self._meets(workload, ttft, itl, e2e) and st.stable
-        capacity = self._capacity(knobs, workload, calibration, pre)
-        reason = "" if meets else ("overloaded" if not st.stable else "SLO missed")
+            return _cannot(kv, f"KV cache of {kv:.0f} tokens cannot hold one long request")
+        lat = self._latencies(knobs, workload, calibration, workload.request_rate, kv)
+        ttft, itl, e2e, st = lat
+        meets = st.stable and self._meets(workload, ttft, itl, e2e)
+        capacity = self._capacity(knobs, workload, calibration, kv, meets)
+        reason = "" if meets else ("overloaded: " + st.why if not st.stable else "SLO missed")
         return Prediction(
             ttft_ms=ttft * 1000.0,
             itl_ms=itl * 1000.0,
             e2e_ms=e2e * 1000.0,
             kv_capacity_tokens=kv,
-            preemption_rate=st.preemption_rate,
+            preemption_rate=0.0,
             feasible=meets,
             capacity_rps=capacity,
             meets_slo=meets,
@@ -354,149 +380,170 @@ class AnalyticModel:
         return True
 
     def _capacity(
-        self, knobs: Knobs, w: Workload, cal: Calibration, pre: _Pre | None = None
+        self, knobs: Knobs, w: Workload, cal: Calibration, kv: float | None, meets_now: bool
     ) -> float:
-        pre = pre or self._pre(knobs, cal)
-
         def ok(rate: float) -> bool:
-            # The rate goes in as an argument: a Workload copy per probe cost a fifth of
-            # every decision (docs/scale.md).
-            ttft, itl, e2e, st = self._latencies(knobs, w, cal, rate=rate, pre=pre)
+            ttft, itl, e2e, st = self._latencies(knobs, w, cal, rate, kv)
             return st.stable and self._meets(w, ttft, itl, e2e)
 
-        lo, hi = 0.0, max(0.5, w.request_rate)
-        for _ in range(40):
-            if not ok(hi):
-                break
-            lo, hi = hi, hi * 2.0
+        rate = max(w.request_rate, 0.05)
+        if meets_now:
+            lo, hi = rate, rate * 1.5
+            while ok(hi):
+                lo, hi = hi, hi * 1.5
+                if hi > 1e5:
+                    return lo
         else:
-            return hi
-        for _ in range(30):
-            mid = 0.5 * (lo + hi)
+            lo, hi = rate / 1.5, rate
+            while not ok(lo):
+                lo, hi = lo / 1.5, lo
+                if lo < 1e-3:
+                    return 0.0
+        while hi - lo > 0.01 * lo:
+            mid = math.sqrt(lo * hi)
             if ok(mid):
                 lo = mid
             else:
                 hi = mid
-            if hi - lo < 1e-3 * max(hi, 1e-6):
-                break
         return lo
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _coeffs(self, cal: Calibration) -> tuple[float, float, float, float]:
-        bw, peak = _specs(self.gpu_product)
-        kvb = cal.kv_bytes_per_token or _KV_BYTES
-        s = cal.step_scale
-        return (
-            s * _STEP_FIXED_S,
-            s * _WEIGHT_BYTES / (bw * _ETA_BW),
-            s * kvb / (bw * _ETA_BW),
-            s * cal.compute_scale * _FLOP_PER_TOKEN / (peak * _ETA_MFU),
+    def _starts(self, knobs: Knobs) -> bool | None:
+        phys = self._phys()
+        if not phys.exact:
+            return None
+        kv = phys.kv_tokens(
+            knobs.max_num_batched_tokens, knobs.max_num_seqs, knobs.gpu_memory_utilization
         )
+        return kv is not None
 
-    def _pre(self, knobs: Knobs, cal: Calibration) -> _Pre:
-        return _Pre(*self._coeffs(cal), cal.kv_tokens_at(knobs.gpu_memory_utilization))
+    def _kv(self, knobs: Knobs, cal: Calibration) -> float | None:
+        phys = self._phys()
+        if phys.exact:
+            kv = phys.kv_tokens(
+                knobs.max_num_batched_tokens, knobs.max_num_seqs, knobs.gpu_memory_utilization
+            )
+            return None if kv is None else kv * cal.kv_scale
+        return cal.kv_tokens_at(knobs.gpu_memory_utilization)
 
-    def _steady(
-        self,
-        knobs: Knobs,
-        w: Workload,
-        cal: Calibration,
-        rate: float | None = None,
-        pre: _Pre | None = None,
-    ) -> _Steady:
-        fixed, weights, kv_read, compute, kv_cap = pre or self._pre(knobs, cal)
-        lam = max(0.0, w.request_rate if rate is None else rate)
-        p_eff = max(1.0, w.prompt_mean * (1.0 - w.prefix_hit_rate))
-        g = max(1.0, w.gen_mean)
-        ctx = w.prompt_mean + 0.5 * g
-        budget = float(knobs.max_num_batched_tokens)
-        seqs = float(knobs.max_num_seqs)
-        # Bandwidth regime: t = fixed + weights + kv_read*ctx*lam*g*t.
-        b1 = kv_read * ctx * lam * g
-        # Compute regime: t = fixed + compute*lam*(p_eff+g)*t.
-        b2 = compute * lam * (p_eff + g)
-        if b1 >= 1.0 or b2 >= 1.0:
-            return _UNSTABLE
-        t = max((fixed + weights) / (1.0 - b1), fixed / (1.0 - b2))
-        running = lam * g * t
-        tokens_per_step = lam * (p_eff + g) * t
-        kv_need = running * (w.prompt_mean + g)  # full-sequence reservation at admission
-        util_tok = tokens_per_step / budget
-        util_seq = running / seqs
-        util_kv = 0.0 if kv_cap is None or kv_cap <= 0 else kv_need / kv_cap
-        util = max(util_tok, util_seq, util_kv)
-        stable = util < 1.0
-        # Waiting time: the tightest resource as an M/M/c queue (Sakasegawa's approximation).
-        if util_tok >= max(util_seq, util_kv):
-            servers, service = 1.0, t * (p_eff + g) / budget
-        elif util_seq >= util_kv:
-            servers, service = seqs, g * t
-        else:
-            servers = max(1.0, (kv_cap or 1.0) / (w.prompt_mean + g))
-            service = g * t
-        if stable and util > 0:
-            wait = util ** (math.sqrt(2.0 * (servers + 1.0)) - 1.0) / (servers * (1.0 - util))
-            wait *= service
-        else:
-            wait = 0.0 if stable else math.inf
-        preempt = 0.0
-        if kv_cap is not None and kv_cap > 0:
-            peak = running * (w.prompt_mean + g) * 1.3
-            if peak > kv_cap:
-                preempt = lam * min(1.0, (peak - kv_cap) / peak)
-        chunk_room = max(1.0, budget - running)
-        # Prompts arriving while one is in prefill share the step's chunk.
-        chunk = min(chunk_room, max(1.0, w.prompt_p90 * (1.0 - w.prefix_hit_rate)) * (1 + lam * t))
-        steps_per_prefill = math.ceil(p_eff / chunk_room)
-        frac = min(1.0, lam * t * steps_per_prefill)
-        decode_step = fixed + max(weights + kv_read * running * ctx, compute * running)
-        prefill_step = fixed + max(weights + kv_read * running * ctx, compute * (running + chunk))
-        return _Steady(
-            t, decode_step, prefill_step, running, util, wait, stable, preempt, chunk, frac
-        )
+    def _curve_at(self, cal: Calibration) -> StepCurve:
+        phys = self._phys()
+
+        def at(running: float, ctx_per_seq: float) -> Callable[[FloatArray], FloatArray]:
+            r = _grid(running)
+            key = (round(cal.bandwidth, 4), round(cal.compute, 4), r, _grid(ctx_per_seq))
+            curve = self._curves.get(key)
+            if curve is None:
+                if len(self._curves) > 2048:
+                    self._curves.clear()
+                curve = phys.step_curve(cal.bandwidth, cal.compute, r, key[3])
+                self._curves[key] = curve
+            return curve
+
+        return at
 
     def _latencies(
-        self,
-        knobs: Knobs,
-        w: Workload,
-        cal: Calibration,
-        percentile_override: float | None = None,
-        itl_override: float | None = None,
-        rate: float | None = None,
-        pre: _Pre | None = None,
-    ) -> tuple[float, float, float, _Steady]:
-        """(ttft, itl, e2e) in seconds at each metric's SLO percentile, and the steady state
-        (at `rate` instead of the workload's when given)."""
-        st = self._steady(knobs, w, cal, rate, pre)
+        self, knobs: Knobs, w: Workload, cal: Calibration, rate: float, kv: float | None
+    ) -> tuple[float, float, float, SteadyState]:
+        """(ttft, itl, e2e) in seconds at each metric's SLO percentile, and the steady state."""
+        st = steady_state(
+            _traffic(w, rate),
+            Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv),
+            self._curve_at(cal),
+            _costs(cal),
+        )
         if not st.stable:
             return math.inf, math.inf, math.inf, st
-        q_itl = (itl_override or percentile_override or _percentile(w.slo, "itl")) / 100.0
-        tail = 1.0 - q_itl
-        if st.prefill_steps_frac >= tail:
-            itl = st.prefill_step_s
-        else:
-            itl = st.decode_step_s + (st.prefill_step_s - st.decode_step_s) * (
-                st.prefill_steps_frac / max(tail, 1e-9)
-            )
-        itl = max(itl, st.step_s) if q_itl >= 0.5 else itl
-        q_ttft = (percentile_override or _percentile(w.slo, "ttft")) / 100.0
-        prompt_q = w.prompt_p90 if q_ttft >= 0.9 else w.prompt_mean
-        p_eff_q = max(1.0, prompt_q * (1.0 - w.prefix_hit_rate))
-        chunk_room = max(1.0, knobs.max_num_batched_tokens - st.running)
-        prefill = math.ceil(p_eff_q / chunk_room) * st.prefill_step_s + st.step_s
-        wait_q = st.wait_mean_s * math.log(1.0 / max(1e-9, 1.0 - q_ttft)) if q_ttft > 0.5 else 0.0
-        ttft = cal.per_request_overhead_s + wait_q + prefill
-        q_e2e = (percentile_override or _percentile(w.slo, "e2e")) / 100.0
-        gen_q = w.gen_p90 if q_e2e >= 0.9 else w.gen_mean
-        e2e = ttft + max(0.0, gen_q - 1.0) * st.step_s
-        return ttft, itl, e2e, st
+        q_itl = _percentile(w.slo, "itl") / 100.0
+        q_ttft = _percentile(w.slo, "ttft") / 100.0
+        q_e2e = _percentile(w.slo, "e2e") / 100.0
+        ttft = st.ttft(q_ttft)
+        e2e = st.ttft(0.5) + max(0.0, st.gen_steps_p(q_e2e) - 1.0) * st.step_mean_s
+        return ttft, st.itl(q_itl), max(e2e, ttft), st
 
 
-def _with_scale(cal: Calibration, name: str, value: float) -> Calibration:
-    if name == "step_scale":
-        return replace(cal, step_scale=value)
-    return replace(cal, compute_scale=value)
+def _grid(value: float) -> float:
+    """`value` rounded to a 2 % logarithmic grid (cache keys for step-time curves)."""
+    if value <= 1.0:
+        return 1.0
+    return round(math.exp(round(math.log(value) / 0.02) * 0.02), 3)
+
+
+def _traffic(w: Workload, rate: float) -> Traffic:
+    return Traffic(
+        rate=rate,
+        prompt_mean=w.prompt_mean,
+        prompt_sigma=lognormal_sigma(w.prompt_mean, w.prompt_p90),
+        gen_mean=w.gen_mean,
+        gen_p90=w.gen_p90,
+        prefix_hit_rate=w.prefix_hit_rate,
+    )
+
+
+def _costs(cal: Calibration) -> Costs:
+    return Costs(
+        admit_s=cal.admit_s,
+        frontend_s=STEP_CALIBRATION.c_frontend_s,
+        api_s=cal.api_s,
+        jitter=cal.jitter,
+    )
+
+
+def _cannot(kv: float | None, why: str) -> Prediction:
+    inf = math.inf
+    return Prediction(inf, inf, inf, kv, 0.0, False, 0.0, False, why, inf)
+
+
+# The fitted parameters, as the least-squares problem sees them: log efficiencies, the
+# admission cost in ms and the log of the step-time jitter; their bounds and priors.
+_LO = (math.log(0.2), math.log(0.2), 0.0, math.log(0.005))
+_HI = (math.log(5.0), math.log(5.0), 20.0, math.log(0.3))
+_PRIOR_JITTER = 0.05
+
+
+def _params(cal: Calibration) -> list[float]:
+    x = [math.log(cal.bandwidth), math.log(cal.compute), cal.admit_s * 1000.0, math.log(cal.jitter)]
+    return [min(max(v, a + 1e-6), b - 1e-6) for v, a, b in zip(x, _LO, _HI, strict=True)]
+
+
+def _with_params(cal: Calibration, x: Sequence[float]) -> Calibration:
+    return replace(
+        cal,
+        bandwidth=math.exp(x[0]),
+        compute=math.exp(x[1]),
+        admit_s=x[2] / 1000.0,
+        jitter=math.exp(x[3]),
+    )
+
+
+def _prior_terms(x: Sequence[float]) -> list[float]:
+    """Weak pulls towards the prior: the roofline's efficiencies, no admission cost, 5 %
+    jitter. They decide only what the window cannot tell apart."""
+    return [
+        _PRIOR_WEIGHT * x[0],
+        _PRIOR_WEIGHT * x[1],
+        _PRIOR_WEIGHT * x[2] / 5.0,
+        _PRIOR_WEIGHT * (x[3] - math.log(_PRIOR_JITTER)),
+    ]
+
+
+def _least_squares(
+    fn: Callable[[Sequence[float]], list[float]], x0: Sequence[float]
+) -> list[float]:
+    """Minimise the sum of squared residuals with scipy's Powell method (imported here, where
+    it is used). Derivative-free on purpose: the residuals come from a sample path, so they
+    are piecewise smooth, and finite differences can see a flat spot where there is none."""
+    from scipy.optimize import minimize
+
+    res = minimize(
+        lambda x: float(sum(v * v for v in fn(x))),
+        list(x0),
+        method="Powell",
+        bounds=list(zip(_LO, _HI, strict=True)),
+        options={"maxfev": 160, "xtol": 1e-3, "ftol": 1e-5},
+    )
+    return [float(v) for v in res.x]
 
 
 def slo_ratio(slo: SLO, ttft_ms: float, itl_ms: float, e2e_ms: float) -> float:
@@ -510,7 +557,11 @@ def slo_ratio(slo: SLO, ttft_ms: float, itl_ms: float, e2e_ms: float) -> float:
 
 
 def _kv_calibration(
-    snapshot: Snapshot, knobs: Knobs, ctx: DeploymentContext, prior: Calibration | None
+    snapshot: Snapshot,
+    knobs: Knobs,
+    ctx: DeploymentContext,
+    prior: Calibration | None,
+    phys: Physics,
 ) -> Calibration:
     """KV facts from vllm:cache_config_info, falling back to what was learned before."""
     base = prior or Calibration()
@@ -521,8 +572,14 @@ def _kv_calibration(
     bpt = base.kv_bytes_per_token
     if info.kv_cache_memory_bytes and kv_tokens:
         bpt = info.kv_cache_memory_bytes / kv_tokens
+    scale = base.kv_scale
+    if kv_tokens and phys.exact:
+        expected = phys.kv_tokens(knobs.max_num_batched_tokens, knobs.max_num_seqs, gmu)
+        if expected:
+            scale = kv_tokens / expected
     return replace(
         base,
+        kv_scale=scale,
         kv_bytes_per_token=bpt,
         gpu_memory_bytes=mem_gib * GIB if mem_gib else base.gpu_memory_bytes,
         observed_kv_tokens=float(kv_tokens) if kv_tokens else base.observed_kv_tokens,
@@ -540,39 +597,10 @@ class Screened(Protocol):
     def screen(self, calibration: Calibration) -> tuple[PerformanceModel, Calibration]: ...
 
 
-def _sim_gpu(product: str | None) -> str | None:
-    """The simulator's catalog name for a GPU product label, or None when it has none."""
-    if not product:
-        return None
-    p = product.upper().replace("_", "-")
-    for prefix in ("NVIDIA-", "TESLA-"):
-        p = p.removeprefix(prefix)
-    if p in GPU_SPECS:
-        return p
-    if p in GPU_ALIASES:
-        return GPU_ALIASES[p]
-    if p.startswith("A100"):
-        return "A100-40GB" if "40G" in p else "A100-80GB"
-    for key in sorted(GPU_SPECS, key=len, reverse=True):
-        if p.startswith(key):
-            return key
-    return None
-
-
 def _sim_model(name: str) -> bool:
     lower = {k.lower() for k in (*MODEL_CONFIGS, *MODEL_ALIASES)}
     short = {k.split("/")[-1].lower() for k in (*MODEL_CONFIGS, *MODEL_ALIASES)}
     return name.lower() in lower or name.lower() in short
-
-
-def _lognormal_sigma(mean: float, p90: float) -> float:
-    """Sigma of a lognormal with this mean and p90 (p90 = mean * exp(1.2816 s - s^2 / 2))."""
-    ratio = max(1.0001, p90 / max(mean, 1.0))
-    # Solve s^2/2 - 1.2816 s + ln(ratio) = 0 for the smaller root (the physical branch).
-    disc = 1.2816**2 - 2.0 * math.log(ratio)
-    if disc <= 0:
-        return 1.2816
-    return max(0.05, 1.2816 - math.sqrt(disc))
 
 
 @dataclass(frozen=True)
@@ -725,7 +753,7 @@ class EngineModel:
     def _usable(self) -> bool:
         return (
             self.ctx is not None
-            and _sim_gpu(self.ctx.gpu_product) is not None
+            and sim_gpu_name(self.ctx.gpu_product) is not None
             and _sim_model(self.ctx.model)
         )
 
@@ -816,7 +844,7 @@ class EngineModel:
         n: int,
     ) -> _SimResult | None:
 
-        gpu = _sim_gpu(ctx.gpu_product)
+        gpu = sim_gpu_name(ctx.gpu_product)
         assert gpu is not None
         mml = ctx.max_model_len
         config = EngineConfig(
@@ -838,10 +866,10 @@ class EngineModel:
         limit = engine.max_model_len
         high_p = max(2, limit - 2)
         prompt = LengthDist(
-            "lognormal", w.prompt_mean, _lognormal_sigma(w.prompt_mean, w.prompt_p90), 1, high_p
+            "lognormal", w.prompt_mean, lognormal_sigma(w.prompt_mean, w.prompt_p90), 1, high_p
         )
         output = LengthDist(
-            "lognormal", w.gen_mean, _lognormal_sigma(w.gen_mean, w.gen_p90), 1, max(1, limit // 2)
+            "lognormal", w.gen_mean, lognormal_sigma(w.gen_mean, w.gen_p90), 1, max(1, limit // 2)
         )
         rate = max(w.request_rate, 1e-3)
         spec = WorkloadSpec(

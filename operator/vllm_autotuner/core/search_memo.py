@@ -107,9 +107,10 @@ class SearchMemo:
             (w0.prompt_p90, w1.prompt_p90),
             (w0.gen_mean, w1.gen_mean),
             (w0.gen_p90, w1.gen_p90),
-            (c0.step_scale, c1.step_scale),
-            (c0.compute_scale, c1.compute_scale),
-            (c0.per_request_overhead_s, c1.per_request_overhead_s),
+            (c0.bandwidth, c1.bandwidth),
+            (c0.compute, c1.compute),
+            (c0.admit_s, c1.admit_s),
+            (c0.api_s, c1.api_s),
         )
         if any(_drifted(a, b) for a, b in pairs):
             return False

@@ -41,6 +41,29 @@ class LatencySummary:
     p99_ms: float | None = None
     at_slo_ms: float | None = None
     mean_ms: float | None = None
+    # The cumulative histogram itself: (upper bound in ms, observations at or under it),
+    # ascending, the last bound +inf. Percentiles interpolated inside a wide bucket can be far
+    # off; judgements that matter use the counts (`fraction_bounds`).
+    buckets: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def count(self) -> float:
+        return self.buckets[-1][1] if self.buckets else 0.0
+
+    def fraction_bounds(self, threshold_ms: float) -> tuple[float, float] | None:
+        """(lowest, highest) fraction of observations at or under `threshold_ms` that the
+        buckets allow: the counts at the bucket bounds on either side of the threshold."""
+        total = self.count
+        if total <= 0:
+            return None
+        below = 0.0
+        above = total
+        for bound, cum in self.buckets:
+            if bound <= threshold_ms:
+                below = max(below, cum)
+            if bound >= threshold_ms:
+                above = min(above, cum)
+        return below / total, max(below, above) / total
 
     def at(self, percentile: float) -> float | None:
         """The value at `percentile` (percent), preferring the SLO's own when it matches none."""
@@ -56,6 +79,24 @@ class LengthSummary:
     mean: float | None = None
     p50: float | None = None
     p90: float | None = None
+    # The cumulative histogram: (upper bound in tokens, requests at or under it), ascending.
+    buckets: tuple[tuple[float, float], ...] = ()
+
+    def lognormal_p90(self) -> float | None:
+        """The p90 of the log-normal with this mean that best fits the bucket counts (vLLM's
+        1-2-5 token buckets are too coarse to interpolate a p90 in), or None without data."""
+        if self.mean is None or self.mean <= 0 or not self.buckets:
+            return None
+        total = self.buckets[-1][1]
+        points = [
+            (math.log(b), c / total)
+            for b, c in self.buckets
+            if total > 0 and math.isfinite(b) and b > 0 and 0.01 < c / total < 0.99
+        ]
+        if not points:
+            return None
+        sigma = _fit_lognormal_sigma(math.log(self.mean), points)
+        return math.exp(math.log(self.mean) - 0.5 * sigma * sigma + 1.2816 * sigma)
 
 
 @dataclass(frozen=True)
@@ -85,7 +126,7 @@ class Snapshot:
       `knobs`, `num_pods` (ready pods of the revision that were scraped).
     - traffic: `request_rate` (finished requests/s, all pods), `completed_requests` (finished
       requests in the window, all pods), `preemption_rate` (preemptions/s, all pods).
-    - latency (ms): `ttft`, `itl`, `e2e`, `queue_time` summaries; `ttft_attainment`,
+    - latency (ms): `ttft`, `itl`, `e2e`, `queue_time`, `prefill_time` summaries; `ttft_attainment`,
       `itl_attainment`, `e2e_attainment` are the fractions of observations at or under the
       SLO threshold, from histogram buckets (`fraction_below`).
     - engine state (per pod): `kv_usage_mean`/`kv_usage_max` (0..1, vllm:kv_cache_usage_perc),
@@ -111,6 +152,7 @@ class Snapshot:
     itl: LatencySummary = field(default_factory=LatencySummary)
     e2e: LatencySummary = field(default_factory=LatencySummary)
     queue_time: LatencySummary = field(default_factory=LatencySummary)
+    prefill_time: LatencySummary = field(default_factory=LatencySummary)
     ttft_attainment: float | None = None
     itl_attainment: float | None = None
     e2e_attainment: float | None = None
@@ -207,6 +249,20 @@ def defect(snapshot: Snapshot, targets: Sequence[tuple[str, SLOTarget]]) -> str 
 
 
 # ----------------------------------------------------------------------------- histogram maths
+
+
+def _fit_lognormal_sigma(log_mean: float, points: Sequence[tuple[float, float]]) -> float:
+    """Sigma of the log-normal with mean exp(log_mean) whose CDF is closest (least squares) to
+    the (log bound, fraction) points."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import ndtr
+
+    def loss(sigma: float) -> float:
+        mu = log_mean - 0.5 * sigma * sigma
+        return float(sum((ndtr((x - mu) / sigma) - f) ** 2 for x, f in points))
+
+    res = minimize_scalar(loss, bounds=(0.02, 2.5), method="bounded", options={"xatol": 1e-3})
+    return float(res.x)
 
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:

@@ -1,0 +1,308 @@
+"""One pod of vLLM's V1 scheduler in steady state at a Poisson arrival rate.
+
+Every step decodes one token for each running request, then spends what is left of the token
+budget (`max_num_batched_tokens`) on prefill, oldest prompt first. So the step-time
+distribution, which is the inter-token latency distribution, is set by how many prefill
+tokens each step carries; and TTFT by how long a prompt waits behind the prefill backlog.
+
+Both come from one short sample path with common random numbers (the same arrivals, scaled
+by the rate, for every evaluation, so that results are smooth in the rate and in the knobs):
+
+- arrivals: a Poisson process at `rate`; prompt and output lengths lognormal, fitted to the
+  observed mean and p90; prefix-cache hits remove that share of each prompt's compute;
+- running decodes `R` by Little's law (rate x output length x mean step), or as observed;
+- prefill tokens per step: a reflected random walk (Lindley's recursion) with arrivals in and
+  at most `budget - R` tokens out per step;
+- step time from the deployment's physics (core/physics.py) at `R` decodes plus the step's
+  prefill tokens, plus a cost per admitted request;
+- TTFT of each arrival: from its arrival to the end of the step that completes its prefill,
+  one step more for async scheduling, plus the frontend overhead; the wait for a free
+  sequence slot (`max_num_seqs`) is added as an M/M/c queue.
+
+Stability: the prefill flow must fit in the budget left by the decodes, `R` must stay under
+`max_num_seqs` and the KV cache must hold the running requests' context.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+import numpy.typing as npt
+
+from vllm_autotuner.core.physics import lognormal_sigma
+
+FloatArray = npt.NDArray[np.float64]
+
+STEPS = 1500
+_MAX_ARRIVALS = 24000
+_RNG = np.random.default_rng(20261203)
+# Exponential inter-arrival gaps at rate 1 and standard normals for lengths: common random
+# numbers shared by every evaluation.
+_GAPS: FloatArray = _RNG.exponential(1.0, _MAX_ARRIVALS)
+_ARRIVALS_UNIT: FloatArray = np.cumsum(_GAPS)
+_Z_PROMPT: FloatArray = _RNG.standard_normal(_MAX_ARRIVALS)
+_Z_STEP: FloatArray = _RNG.standard_normal(STEPS * 4)
+_WARMUP = 0.1  # the first tenth of the path fills an empty engine
+
+# Utilisation limits beyond which the steady state does not exist (queues grow without bound).
+MAX_TOKEN_UTIL = 0.97
+MAX_SEQ_UTIL = 0.97
+MAX_KV_UTIL = 1.0
+KV_SPREAD_SIGMAS = 2.0
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Per-pod traffic: arrival rate and length distributions."""
+
+    rate: float
+    prompt_mean: float
+    prompt_sigma: float  # lognormal sigma of prompt lengths
+    gen_mean: float
+    gen_p90: float
+    prefix_hit_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class Knobs3:
+    budget: int
+    max_seqs: int
+    kv_tokens: float | None
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Calibrated costs outside the step-time roofline."""
+
+    admit_s: float = 0.0  # CPU time a step spends per request it admits
+    frontend_s: float = 0.004  # arrival to the scheduler seeing the request (vLLM's frontend)
+    api_s: float = 0.0  # what the engine cannot explain of TTFT (HTTP, tokenisation)
+    jitter: float = 0.0  # log-normal sigma of step times around the roofline
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    stable: bool
+    why: str
+    step_mean_s: float
+    running: float
+    itl: Callable[[float], float]  # quantile (0..1) -> seconds
+    itl_below: Callable[[float], float]  # seconds -> fraction of inter-token gaps at or under
+    itl_mean_s: float
+    ttft: Callable[[float], float]  # quantile (0..1) -> seconds
+    prefill_mean_s: float  # first scheduled to first token (vllm:request_prefill_time_seconds)
+    gen_steps_p: Callable[[float], float]  # quantile of output length
+    token_util: float
+    seq_util: float
+    kv_util: float
+
+
+def _unstable(why: str, util: tuple[float, float, float]) -> SteadyState:
+    inf = math.inf
+    return SteadyState(
+        False,
+        why,
+        inf,
+        inf,
+        lambda q: inf,
+        lambda x: 0.0,
+        inf,
+        lambda q: inf,
+        inf,
+        lambda q: inf,
+        *util,
+    )
+
+
+StepCurve = Callable[[float, float], Callable[[FloatArray], FloatArray]]
+
+
+def _lognormal_quantile(mean: float, p90: float) -> Callable[[float], float]:
+    sigma = lognormal_sigma(mean, p90)
+    mu = math.log(max(mean, 1.0)) - 0.5 * sigma * sigma
+    z = {0.5: 0.0, 0.9: 1.2816, 0.95: 1.6449, 0.99: 2.3263}
+
+    def q(p: float) -> float:
+        zz = z.get(round(p, 2))
+        if zz is None:
+            zz = NormalDist().inv_cdf(min(max(p, 1e-6), 1 - 1e-6))
+        return math.exp(mu + sigma * zz)
+
+    return q
+
+
+def steady_state(
+    traffic: Traffic,
+    knobs: Knobs3,
+    curve_at: StepCurve,
+    costs: Costs,
+    running: float | None = None,
+) -> SteadyState:
+    """The steady state at `traffic.rate`, or the reason there is none.
+
+    `curve_at(R, ctx)` returns the step-time curve (tokens -> seconds) with `R` running
+    decodes of `ctx` context tokens each.
+    `running` fixes the number of running requests (calibration from an observed window,
+    where the engine may be past saturation) instead of deriving it by Little's law.
+    """
+    lam = max(traffic.rate, 1e-9)
+    g = max(1.0, traffic.gen_mean)
+    p_mean = max(1.0, traffic.prompt_mean)
+    hit = min(0.99, max(0.0, traffic.prefix_hit_rate))
+    # A running request's context, averaged over the time it runs: long outputs run longer,
+    # so they weigh more (E[g (p + g/2)] / E[g] for independent lengths).
+    g_sigma = lognormal_sigma(g, max(traffic.gen_p90, g * 1.0001))
+    g_cv2 = math.exp(g_sigma * g_sigma) - 1.0
+    ctx_per_seq = p_mean + 0.5 * g * (1.0 + g_cv2)
+    budget = float(knobs.budget)
+    seqs_cap = float(knobs.max_seqs)
+    gen_q = _lognormal_quantile(g, max(traffic.gen_p90, g * 1.0001))
+
+    # First guess of the mean step: decodes only, at Little's law's batch.
+    t_mean = float(curve_at(1.0, ctx_per_seq)(np.array([1.0]))[0])
+    r = running if running is not None else lam * g * t_mean
+    for _ in range(30):
+        r = running if running is not None else lam * g * t_mean
+        r_eff = min(r, seqs_cap)
+        t_new = float(
+            curve_at(r_eff, ctx_per_seq)(np.array([r_eff + lam * t_mean * p_mean * (1 - hit)]))[0]
+        )
+        if abs(t_new - t_mean) < 1e-4 * t_mean:
+            t_mean = t_new
+            break
+        t_mean = 0.5 * (t_mean + t_new)
+    r = running if running is not None else lam * g * t_mean
+    seq_util = r / seqs_cap
+    kv_util = 0.0
+    if knobs.kv_tokens is not None and knobs.kv_tokens > 0:
+        # The running set's context fluctuates (how many run, how long each is): the cache
+        # must hold two standard deviations above the mean, or decodes preempt each other.
+        r_kv = min(r, seqs_cap)
+        need = r_kv * ctx_per_seq + KV_SPREAD_SIGMAS * ctx_per_seq * math.sqrt(1.3 * r_kv)
+        kv_util = need / knobs.kv_tokens
+    room = budget - min(r, seqs_cap)
+    token_util = lam * t_mean * p_mean * (1 - hit) / room if room > 0 else math.inf
+    util = (token_util, seq_util, kv_util)
+    if running is None:
+        if seq_util >= MAX_SEQ_UTIL:
+            return _unstable(f"max_num_seqs: {r:.0f} running of {seqs_cap:.0f}", util)
+        if kv_util >= MAX_KV_UTIL:
+            return _unstable(f"KV cache {kv_util:.0%} full", util)
+        if token_util >= MAX_TOKEN_UTIL:
+            return _unstable(f"token budget: prefill needs {token_util:.0%} of it", util)
+    r_eff = min(r, seqs_cap)
+    room = max(1.0, budget - r_eff)
+    curve = curve_at(r_eff, ctx_per_seq)
+    t_steps, ttft_samples, prefill_mean = _sample_path(
+        lam, traffic, p_mean, hit, r_eff, room, curve, t_mean, costs
+    )
+    warm = int(len(t_steps) * _WARMUP)
+    body = t_steps[warm:]
+    step_mean = float(body.mean())
+    itl_sorted = np.sort(body)
+    # Waiting for a sequence slot: an M/M/c queue with c = max_num_seqs servers whose service
+    # is a request's decode (Sakasegawa's approximation of the mean wait; exponential tail).
+    wait_mean = 0.0
+    if running is None:
+        # The tighter of the two limits on admission, each as c servers busy for a decode.
+        for servers, rho in (
+            (seqs_cap, seq_util),
+            (seqs_cap / max(seq_util, 1e-9) * kv_util, kv_util),
+        ):
+            if rho > 0.5:
+                wait_mean = max(wait_mean, _mmc_wait(max(1.0, servers), rho) * g * step_mean)
+    ttft_sorted = np.sort(ttft_samples)
+
+    def itl(q: float) -> float:
+        return float(itl_sorted[min(len(itl_sorted) - 1, int(q * len(itl_sorted)))])
+
+    def itl_below(x: float) -> float:
+        return float(np.searchsorted(itl_sorted, x, side="right")) / len(itl_sorted)
+
+    def ttft(q: float) -> float:
+        base = float(ttft_sorted[min(len(ttft_sorted) - 1, int(q * len(ttft_sorted)))])
+        tail = wait_mean * math.log(1.0 / max(1e-9, 1.0 - q)) if q > 0.5 else wait_mean * 0.7
+        return base + tail + costs.api_s
+
+    return SteadyState(
+        True,
+        "",
+        step_mean,
+        r_eff,
+        itl,
+        itl_below,
+        float(body.mean()),
+        ttft,
+        prefill_mean,
+        gen_q,
+        *util,
+    )
+
+
+def _mmc_wait(servers: float, rho: float) -> float:
+    """Mean wait in an M/M/c queue in units of the service time (Sakasegawa)."""
+    rho = min(rho, 0.999)
+    return float(rho ** (math.sqrt(2.0 * (servers + 1.0)) - 1.0) / (servers * (1.0 - rho)))
+
+
+def _sample_path(
+    lam: float,
+    traffic: Traffic,
+    p_mean: float,
+    hit: float,
+    running: float,
+    room: float,
+    curve: Callable[[FloatArray], FloatArray],
+    t_mean: float,
+    costs: Costs,
+) -> tuple[FloatArray, FloatArray, float]:
+    """(step durations, TTFT samples, mean prefill time) of one sample path."""
+    n_steps = STEPS
+    horizon = n_steps * t_mean
+    n_arr = int(np.searchsorted(_ARRIVALS_UNIT, horizon * lam))
+    if n_arr >= _MAX_ARRIVALS:
+        n_arr = _MAX_ARRIVALS - 1
+        horizon = float(_ARRIVALS_UNIT[n_arr - 1]) / lam
+        n_steps = max(50, min(len(_Z_STEP), int(horizon / t_mean)))
+    arrive = _ARRIVALS_UNIT[:n_arr] / lam
+    sigma = traffic.prompt_sigma
+    mu = math.log(p_mean) - 0.5 * sigma * sigma
+    prompt = np.exp(mu + sigma * _Z_PROMPT[:n_arr]) * (1.0 - hit)
+    prompt = np.maximum(prompt, 1.0)
+    t_steps = np.full(n_steps, t_mean)
+    needed = np.cumsum(prompt)
+    sig = costs.jitter
+    noise = np.exp(sig * _Z_STEP[:n_steps] - 0.5 * sig * sig) if sig > 0 else 1.0
+    for _ in range(3):
+        # Step boundaries, the arrivals placed between them and the prefill each step
+        # carries, then the step times that prefill makes: a few rounds to agree.
+        ends = np.cumsum(t_steps)
+        # Async scheduling: step k + 1 is scheduled while step k runs, so a request that
+        # arrives during step k is scheduled from step k + 2.
+        first = np.minimum(np.searchsorted(ends, arrive, side="right") + 2, n_steps - 1)
+        counts = np.bincount(first, minlength=n_steps)[:n_steps].astype(np.float64)
+        demand = np.bincount(first, weights=prompt, minlength=n_steps)[:n_steps]
+        walk = np.cumsum(demand - room)
+        backlog = walk - np.minimum(0.0, np.minimum.accumulate(walk))
+        before = np.concatenate(([0.0], backlog[:-1]))
+        chunk = before + demand - backlog
+        t_used = t_steps
+        t_steps = (curve(running + chunk) + costs.admit_s * counts) * noise
+    processed = np.cumsum(chunk)
+    # Half a token of slack: the reflected walk accumulates float error over many steps.
+    done = np.minimum(np.searchsorted(processed, needed - 0.5), n_steps - 1)
+    # Async scheduling: the first token is out one step after the prefill completes.
+    out_step = np.minimum(done + 1, n_steps - 1)
+    ttft = ends[out_step] - arrive + costs.frontend_s
+    # Prefill time: from the step that starts a prompt to its first token.
+    start = np.minimum(np.searchsorted(processed, needed - prompt + 0.5), n_steps - 1)
+    prefill = ends[out_step] - (ends[start] - t_used[start])
+    keep = (arrive >= horizon * _WARMUP) & (done < n_steps - 2)
+    ttft = ttft[keep]
+    if ttft.size == 0:
+        return t_steps, np.array([math.inf]), math.inf
+    return t_steps, ttft, float(prefill[keep].mean())
