@@ -736,5 +736,6 @@ def assemble(
         generation_len=generation,
         prefix_cache_hit_rate=hit_rate,
         iteration_tokens_mean=iteration_mean,
+        steps_per_s=it_count / window_s / scale / len(completed_by_pod) if it_count > 0 else None,
         kv_cache=kv,
     )

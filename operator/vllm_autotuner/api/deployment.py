@@ -49,6 +49,7 @@ OWNED_FLAGS: tuple[str, ...] = (
     "enable-prefix-caching",
     "no-enable-prefix-caching",
     "block-size",
+    "shutdown-timeout",  # the drain of every restart (spec.rollout.shutdownTimeoutSeconds)
     # the tuned knobs, their aliases, and flags that silently override them (vllm.md §2.1)
     "max-num-batched-tokens",
     "max-num-scheduled-tokens",
@@ -307,6 +308,26 @@ class RolloutStrategy(SpecModel):
 
     max_surge: IntOrPercent = Field(default=0, alias="maxSurge")
     max_unavailable: IntOrPercent = Field(default=1, alias="maxUnavailable")
+    shutdown_timeout_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=3600,
+        alias="shutdownTimeoutSeconds",
+        description="vLLM's --shutdown-timeout: on every restart a pod stops taking requests "
+        "and finishes those in flight for up to this long (0 aborts them).",
+    )
+    pre_stop_seconds: int = Field(
+        default=5,
+        ge=0,
+        le=300,
+        alias="preStopSeconds",
+        description="Delay before vLLM gets SIGTERM, so that endpoints drop the pod first.",
+    )
+    canary: bool = Field(
+        default=True,
+        description="With two replicas or more, try a candidate on one pod first, beside the "
+        "baseline pods, and promote it only if it wins.",
+    )
 
     @field_validator("max_surge", "max_unavailable")
     @classmethod

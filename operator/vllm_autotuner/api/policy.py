@@ -202,6 +202,12 @@ class RolloutPolicy(SpecModel):
         alias="readyTimeout",
         description="How long new pods may take to become ready (model load included).",
     )
+    headroom_timeout: PositiveDuration = Field(
+        default="1h",
+        alias="headroomTimeout",
+        description="How long a rollout may wait for the pods that stay to have room for the "
+        "traffic while one restarts (without surge). Past it the rollout is given up.",
+    )
 
 
 class VLLMTuningPolicySpec(SpecModel):

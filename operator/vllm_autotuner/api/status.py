@@ -26,6 +26,7 @@ TuningPhase = Literal[
     "Candidate",
     "RollingOut",
     "Verifying",
+    "Promoting",
     "Committed",
     "RolledBack",
     "Holding",
@@ -98,6 +99,37 @@ class InfeasibleConfig(StatusModel):
     )
 
 
+class CanaryAnalysis(StatusModel):
+    """The canary pod against the baseline pods over the same window (same traffic)."""
+
+    since: Timestamp | None = None
+    window_seconds: float | None = Field(default=None, alias="windowSeconds", ge=0)
+    baseline: Measurement | None = None
+    canary: Measurement | None = None
+    verdict: Literal["Pending", "Promote", "Reject"] | None = None
+    reason: str | None = Field(default=None, max_length=4096)
+
+
+class ModelCheck(StatusModel):
+    """The performance model's prediction for the applied knobs next to what was measured."""
+
+    time: Timestamp | None = None
+    knobs: Knobs | None = None
+    measured_rate_rps: float | None = Field(default=None, alias="measuredRateRps", ge=0)
+    predicted_capacity_rps: float | None = Field(
+        default=None,
+        alias="predictedCapacityRps",
+        ge=0,
+        description="Requests/s one pod can serve within the SLO with the applied knobs.",
+    )
+    predicted_slo_ratio: float | None = Field(default=None, alias="predictedSloRatio", ge=0)
+    measured_slo_ratio: float | None = Field(default=None, alias="measuredSloRatio", ge=0)
+    fit_error: float | None = Field(default=None, alias="fitError", ge=0)
+    agrees: bool | None = Field(
+        default=None, description="Whether the predicted SLO percentiles match the measured."
+    )
+
+
 class TuningStatus(StatusModel):
     """The tuner's persistent state: enough to resume after an operator restart."""
 
@@ -105,6 +137,9 @@ class TuningStatus(StatusModel):
     applied: Knobs | None = Field(default=None, description="Knobs in effect now.")
     last_good: Knobs | None = Field(default=None, alias="lastGood")
     candidate: Knobs | None = None
+    strategy: Literal["Rolling", "Canary"] | None = Field(
+        default=None, description="How the trial in flight runs: on every pod, or one canary."
+    )
     recommendation: Recommendation | None = None
     last_decision: DecisionRecord | None = Field(default=None, alias="lastDecision")
     rollout_started_at: Timestamp | None = Field(default=None, alias="rolloutStartedAt")
@@ -125,6 +160,11 @@ class TuningStatus(StatusModel):
         max_length=32,
         description="The performance model's fitted parameters for this deployment.",
     )
+    peak_rate: float | None = Field(default=None, alias="peakRate", ge=0)
+    peak_rate_at: Timestamp | None = Field(default=None, alias="peakRateAt")
+    headroom_wait_since: Timestamp | None = Field(default=None, alias="headroomWaitSince")
+    analysis: CanaryAnalysis | None = None
+    model: ModelCheck | None = None
 
 
 class ObservedMetrics(StatusModel):

@@ -12,22 +12,33 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from vllm_autotuner.core.canary import judge_canary
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
-from vllm_autotuner.core.perf_model import Calibration, PerformanceModel, Prediction, Workload
+from vllm_autotuner.core.economics import Headroom, Worth, headroom, worth_restart
+from vllm_autotuner.core.perf_model import (
+    Calibration,
+    PerformanceModel,
+    Prediction,
+    Workload,
+    prediction_agrees,
+)
 from vllm_autotuner.core.rollout import (
     PodFailure,
-    judge,
+    Verdict,
+    judge_before_after,
     measure,
     pod_failure,
     roll_day,
     rollout_blocker,
     rollout_progress,
+    worst_ratio,
 )
 from vllm_autotuner.core.search import SearchResult, allowed, gmu_ceiling, is_forbidden, search
 from vllm_autotuner.core.search_memo import SearchInputs, SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.tuning_types import (
     Action,
+    CanaryAnalysis,
     DecisionRecord,
     DeploymentContext,
     Event,
@@ -35,9 +46,12 @@ from vllm_autotuner.core.tuning_types import (
     InfeasibleKind,
     KnobBounds,
     Knobs,
+    Measured,
+    ModelCheck,
     Phase,
     Predicted,
     Recommendation,
+    Strategy,
     Trial,
     TrialOutcome,
     TuningPolicy,
@@ -114,9 +128,13 @@ def _done(
     events: tuple[Event, ...] = (),
     diagnosis: Diagnosis | None = None,
     prediction: Prediction | None = None,
+    memo: SearchMemo | None = None,
+    predictions: tuple[tuple[Knobs, Prediction], ...] = (),
 ) -> Decision:
     new_state = replace(state, last_decision=DecisionRecord(now, action, reason))
-    return Decision(action, reason, new_state, knobs, events, diagnosis, prediction)
+    return Decision(
+        action, reason, new_state, knobs, events, diagnosis, prediction, memo, predictions
+    )
 
 
 def _rollback(
@@ -139,10 +157,15 @@ def _rollback(
         applied=state.last_good,
         candidate=None,
         phase="RolledBack",
+        strategy="Rolling",
         rollout_started_at=None,
         verify_until=None,
     )
-    text = f"rolled back to {state.last_good.describe()}: {reason}"
+    if state.strategy == "Canary" and state.phase != "Promoting":
+        keeps = state.last_good.describe()
+        text = f"canary {_cand(state)} removed; every pod keeps {keeps}: {reason}"
+    else:
+        text = f"rolled back to {state.last_good.describe()}: {reason}"
     event = Event("Warning", "TuningRolledBack", text)
     return _done(s, now, "rollback", text, state.last_good, (event,))
 
@@ -159,16 +182,16 @@ def _supervise(
     model: PerformanceModel,
 ) -> Decision:
     cand = state.candidate
-    rules = policy.rollout
     if cand is None:
         return _done(
-            replace(state, phase="Observing", applied=state.last_good),
+            replace(state, phase="Observing", applied=state.last_good, strategy="Rolling"),
             now,
             "hold",
             f"{state.phase} without a candidate; back to observing {state.last_good.describe()}",
         )
     failure: PodFailure | None = pod_failure(obs.pods, cand)
     if failure is not None:
+        # A crashing or OOM-killed candidate goes back at once: no wait, no headroom check.
         return _rollback(state, now, failure.outcome, failure.kind, failure.reason)
     if not policy.bounds.contains(cand):
         # The policy was tightened mid-trial: the candidate is no longer allowed. Not the
@@ -180,42 +203,91 @@ def _supervise(
             None,
             f"the policy changed: {cand.describe()} is outside its bounds now",
         )
-
+    if state.strategy == "Canary":
+        if state.phase == "RollingOut":
+            return _canary_starting(state, obs, policy, now, cand)
+        if state.phase == "Verifying":
+            return _canary_analysis(state, obs, policy, ctx, now, model, cand)
+        return _promoting(state, obs, policy, ctx, now, cand)
     if state.phase == "RollingOut":
-        started = state.rollout_started_at or now
-        ready, complete = rollout_progress(obs.pods, cand, ctx.replicas)
-        elapsed = (now - started).total_seconds()
-        if complete:
-            until = now + timedelta(seconds=rules.verify_window_s)
-            text = (
-                f"rollout of {cand.describe()} complete: {ready}/{ctx.replicas} pods ready "
-                f"after {elapsed:.0f} s; verifying for {rules.verify_window_s:.0f} s"
-            )
-            return _done(
-                replace(state, phase="Verifying", verify_until=until),
-                now,
-                "verify",
-                text,
-                events=(Event("Normal", "RolloutReady", text),),
-            )
-        if elapsed > rules.ready_timeout_s:
-            return _rollback(
-                state,
-                now,
-                "NotReady",
-                "NotReady",
-                f"{ready}/{ctx.replicas} pods ready after {elapsed:.0f} s "
-                f"(readyTimeout {rules.ready_timeout_s:.0f} s)",
-            )
+        return _rolling_out(state, obs, policy, ctx, now, cand)
+    return _verify_rolling(state, obs, policy, ctx, now, model, cand)
+
+
+def _rolling_out(
+    state: TuningState,
+    obs: Observation,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    now: datetime,
+    cand: Knobs,
+) -> Decision:
+    rules = policy.rollout
+    started = state.rollout_started_at or now
+    ready, complete = rollout_progress(obs.pods, cand, ctx.replicas)
+    elapsed = (now - started).total_seconds()
+    if complete:
+        until = now + timedelta(seconds=rules.verify_window_s)
+        text = (
+            f"rollout of {cand.describe()} complete: {ready}/{ctx.replicas} pods ready "
+            f"after {elapsed:.0f} s; verifying for {rules.verify_window_s:.0f} s"
+        )
+        return _done(
+            replace(state, phase="Verifying", verify_until=until),
+            now,
+            "verify",
+            text,
+            events=(Event("Normal", "RolloutReady", text),),
+        )
+    if elapsed > rules.ready_timeout_s:
+        return _rollback(
+            state,
+            now,
+            "NotReady",
+            "NotReady",
+            f"{ready}/{ctx.replicas} pods ready after {elapsed:.0f} s "
+            f"(readyTimeout {rules.ready_timeout_s:.0f} s)",
+        )
+    return _done(
+        state,
+        now,
+        "hold",
+        f"rolling out {cand.describe()}: {ready}/{ctx.replicas} pods ready after "
+        f"{elapsed:.0f} s (readyTimeout {rules.ready_timeout_s:.0f} s)",
+    )
+
+
+def _waits_for_data(
+    state: TuningState, now: datetime, policy: TuningPolicy, cand: Knobs, problem: str
+) -> Decision:
+    """The window cannot be judged yet: wait one more verify window, then give up."""
+    until = state.verify_until or now
+    grace_end = until + timedelta(seconds=policy.rollout.verify_window_s)
+    if now < grace_end:
         return _done(
             state,
             now,
-            "hold",
-            f"rolling out {cand.describe()}: {ready}/{ctx.replicas} pods ready after "
-            f"{elapsed:.0f} s (readyTimeout {rules.ready_timeout_s:.0f} s)",
+            "verify",
+            f"verification of {cand.describe()} waits for data: {problem} "
+            f"(gives up in {(grace_end - now).total_seconds():.0f} s)",
         )
+    return _rollback(
+        state, now, "RolledBack", None, f"could not verify {cand.describe()}: {problem}"
+    )
 
-    # Verifying
+
+def _verify_rolling(
+    state: TuningState,
+    obs: Observation,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    now: datetime,
+    model: PerformanceModel,
+    cand: Knobs,
+) -> Decision:
+    """One replica (or no canary): the candidate's window against what the baseline knobs
+    would do at the same load, from the model calibrated on the baseline's window."""
+    rules = policy.rollout
     until = state.verify_until or now
     if now < until:
         return _done(
@@ -228,31 +300,30 @@ def _supervise(
     snap = obs.snapshot
     problem = _unusable(snap, cand, policy)
     if problem is not None:
-        grace_end = until + timedelta(seconds=rules.verify_window_s)
-        if now < grace_end:
-            return _done(
-                state,
-                now,
-                "verify",
-                f"verification of {cand.describe()} waits for data: {problem} "
-                f"(gives up in {(grace_end - now).total_seconds():.0f} s)",
-            )
-        return _rollback(
-            state, now, "RolledBack", None, f"could not verify {cand.describe()}: {problem}"
-        )
-
+        return _waits_for_data(state, now, policy, cand, problem)
     workload = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
-    cal = model.calibrate(snap, cand, ctx, workload, _prior(state))
-    pred = model.predict(cand, workload, cal)
+    raw = replace(workload, safety_margin=1.0)
+    base_cal = _prior(state)
+    cal = model.calibrate(snap, cand, ctx, workload, base_cal)
+    pred = model.predict(cand, raw, cal)
     measured = measure(snap, policy.slo, pred.capacity_rps)
-    previous_ok: bool | None = None
-    if state.baseline is not None:
-        raw = replace(workload, safety_margin=1.0)
-        previous_ok = model.predict(state.last_good, raw, cal).meets_slo
-    verdict = judge(snap, policy.slo, state.baseline, previous_ok)
+    base_pred = model.predict(state.last_good, raw, base_cal or cal)
+    verdict = judge_before_after(snap, policy.slo, pred, base_pred, policy.min_gain_pct)
+    return _conclude_trial(state, now, cand, verdict, measured, cal)
+
+
+def _conclude_trial(
+    state: TuningState,
+    now: datetime,
+    cand: Knobs,
+    verdict: Verdict,
+    measured: Measured,
+    cal: Calibration | None,
+    analysis: CanaryAnalysis | None = None,
+) -> Decision:
     trial = state.current_trial()
     if not verdict.keep:
-        measured_state = replace(state, calibration=state.calibration)
+        measured_state = state if analysis is None else replace(state, analysis=analysis)
         if trial is not None:
             measured_state = measured_state.with_trial(replace(trial, measured=measured))
         return _rollback(state, now, "RolledBack", "Regression", verdict.reason, measured_state)
@@ -269,18 +340,179 @@ def _supervise(
         last_good=cand,
         candidate=None,
         phase="Committed",
+        strategy="Rolling",
         rollout_started_at=None,
         verify_until=None,
         stable_gpu_memory_utilization=max(state.stable_gmu(), cand.gpu_memory_utilization),
         baseline=measured,
-        calibration=cal.to_dict(),
+        calibration=state.calibration if cal is None else cal.to_dict(),
+        analysis=analysis,
     )
-    text = (
-        f"committed {cand.describe()}: {verdict.reason}; predicted capacity "
-        f"{pred.capacity_rps:.2f} req/s/pod"
-    )
+    text = f"committed {cand.describe()}: {verdict.reason}"
+    return _done(s, now, "commit", text, events=(Event("Normal", "TuningCommitted", text),))
+
+
+# ------------------------------------------------------------------------------------ canary
+
+
+def _canary_min_requests(policy: TuningPolicy, ctx: DeploymentContext) -> int:
+    """Requests one pod must have served before the paired comparison counts."""
+    return max(30, policy.min_requests_per_window // max(1, ctx.replicas))
+
+
+def _canary_starting(
+    state: TuningState, obs: Observation, policy: TuningPolicy, now: datetime, cand: Knobs
+) -> Decision:
+    rules = policy.rollout
+    started = state.rollout_started_at or now
+    elapsed = (now - started).total_seconds()
+    ready = sum(1 for p in obs.pods if p.ready and cand.same_as(p.revision_knobs))
+    if ready >= 1:
+        until = now + timedelta(seconds=rules.verify_window_s)
+        text = (
+            f"canary of {cand.describe()} ready after {elapsed:.0f} s; comparing it with the "
+            f"baseline pods for up to {rules.verify_window_s:.0f} s"
+        )
+        return _done(
+            replace(state, phase="Verifying", verify_until=until),
+            now,
+            "verify",
+            text,
+            events=(Event("Normal", "CanaryReady", text),),
+        )
+    if elapsed > rules.ready_timeout_s:
+        return _rollback(
+            state,
+            now,
+            "NotReady",
+            "NotReady",
+            f"the canary pod was not ready after {elapsed:.0f} s "
+            f"(readyTimeout {rules.ready_timeout_s:.0f} s)",
+        )
     return _done(
-        s, now, "commit", text, events=(Event("Normal", "TuningCommitted", text),), prediction=pred
+        state,
+        now,
+        "hold",
+        f"canary of {cand.describe()} starting: not ready after {elapsed:.0f} s "
+        f"(readyTimeout {rules.ready_timeout_s:.0f} s)",
+    )
+
+
+def _canary_analysis(
+    state: TuningState,
+    obs: Observation,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    now: datetime,
+    model: PerformanceModel,
+    cand: Knobs,
+) -> Decision:
+    base, can = obs.snapshot, obs.canary
+    until = state.verify_until or now
+    final = now >= until
+    if can is None or not can.available or not base.available:
+        why = "no canary window" if can is None else (base.reason if can.available else can.reason)
+        if not final:
+            return _done(state, now, "verify", f"canary analysis waits for data: {why}")
+        return _waits_for_data(state, now, policy, cand, why)
+    cap_base = cap_can = None
+    if final:
+        cap_base = _own_capacity(model, base, state.applied, policy, ctx, _prior(state))
+        cap_can = _own_capacity(model, can, cand, policy, ctx, _prior(state))
+    j = judge_canary(
+        base,
+        can,
+        policy.slo,
+        _canary_min_requests(policy, ctx),
+        cap_base,
+        cap_can,
+        policy.min_gain_pct,
+        final,
+    )
+    analysis = CanaryAnalysis(
+        since=state.verify_until - timedelta(seconds=policy.rollout.verify_window_s)
+        if state.verify_until is not None
+        else now,
+        window_s=can.window_s,
+        baseline=measure(base, policy.slo, cap_base),
+        canary=measure(can, policy.slo, cap_can),
+        verdict=j.verdict,
+        reason=j.reason,
+    )
+    if j.verdict == "Pending":
+        left = max(0.0, (until - now).total_seconds())
+        return _done(
+            replace(state, analysis=analysis),
+            now,
+            "verify",
+            f"canary analysis of {cand.describe()}: {j.reason}; {left:.0f} s left",
+        )
+    if j.verdict == "Reject":
+        return _conclude_trial(
+            state, now, cand, Verdict(False, f"canary lost: {j.reason}"), analysis.canary, None,
+            analysis,
+        )  # fmt: skip
+    s = replace(
+        state,
+        applied=cand,
+        phase="Promoting",
+        rollout_started_at=now,
+        verify_until=None,
+        analysis=analysis,
+    )
+    text = f"canary {cand.describe()} won; promoting it to every pod: {j.reason}"
+    return _done(s, now, "promote", text, cand, (Event("Normal", "CanaryPromoted", text),))
+
+
+def _own_capacity(
+    model: PerformanceModel,
+    snap: Snapshot,
+    knobs: Knobs,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    prior: Calibration | None,
+) -> float | None:
+    """Capacity per pod of `knobs`, from the model calibrated on that pod's own window."""
+    if snap.completed_requests <= 0:
+        return None
+    w = Workload.from_snapshot(snap, policy.slo, 1.0)
+    cal = model.calibrate(snap, knobs, ctx, w, prior)
+    return model.predict(knobs, w, cal).capacity_rps
+
+
+def _promoting(
+    state: TuningState,
+    obs: Observation,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    now: datetime,
+    cand: Knobs,
+) -> Decision:
+    rules = policy.rollout
+    started = state.rollout_started_at or now
+    elapsed = (now - started).total_seconds()
+    ready, complete = rollout_progress(obs.pods, cand, ctx.replicas)
+    if complete:
+        measured = state.analysis.canary if state.analysis is not None else Measured(0.0)
+        reason = "promoted to every pod" + (
+            f" after its canary won: {state.analysis.reason}" if state.analysis else ""
+        )
+        verdict = Verdict(True, reason)
+        return _conclude_trial(state, now, cand, verdict, measured, None, state.analysis)
+    if elapsed > rules.ready_timeout_s:
+        return _rollback(
+            state,
+            now,
+            "NotReady",
+            "NotReady",
+            f"promotion: {ready}/{ctx.replicas} pods ready after {elapsed:.0f} s "
+            f"(readyTimeout {rules.ready_timeout_s:.0f} s)",
+        )
+    return _done(
+        state,
+        now,
+        "hold",
+        f"promoting {cand.describe()}: {ready}/{ctx.replicas} pods ready after {elapsed:.0f} s",
     )
 
 
@@ -412,40 +644,53 @@ def _steady(
     workload = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
     cal = model.calibrate(snap, applied, ctx, workload, _prior(state))
     current = model.predict(applied, workload, cal)
+    rate = snap.per_pod_rate()
+    check = ModelCheck(
+        time=now,
+        knobs=applied,
+        measured_rate_rps=rate,
+        predicted_capacity_rps=current.capacity_rps,
+        predicted_slo_ratio=current.slo_ratio,
+        measured_slo_ratio=worst_ratio(snap, policy.slo),
+        fit_error=cal.fit_error,
+        agrees=prediction_agrees(snap, policy.slo, current),
+    )
     diag = diagnose(snap, policy.slo, applied, policy.min_requests_per_window)
-    s = replace(state, calibration=cal.to_dict())
+    s = _with_peak(replace(state, calibration=cal.to_dict(), model_check=check), rate, now)
     if applied.same_as(state.last_good):
         s = replace(s, baseline=measure(snap, policy.slo, current.capacity_rps))
+    seen: tuple[tuple[Knobs, Prediction], ...] = ((applied, current),)
     if diag.kind == "idle":
         return _done(
-            replace(s, phase="Idle", recommendation=None),
+            replace(s, phase="Idle", recommendation=None, headroom_wait_since=None),
             now,
             "hold",
             f"idle: {diag.evidence}",
             diagnosis=diag,
             prediction=current,
+            predictions=seen,
         )
 
     inputs = SearchInputs.of(applied, policy, diag, state)
     if memo is not None and _memo_answers(memo, inputs, workload, cal, now, policy):
         res, conclusion = memo.result, memo.conclusion
     else:
-        res, conclusion = _conclude(state, policy, diag, model, workload, cal)
+        res, conclusion = _conclude(state, policy, diag, model, workload, cal, check.trusted)
         memo = SearchMemo(now, inputs, workload, cal, res, conclusion)
     summary = f"{diag.kind}: {diag.evidence}; {conclusion}"
     if not res.worth_rollout or res.best is None or res.prediction is None:
-        return replace(
-            _done(
-                replace(s, phase="Observing", recommendation=None),
-                now,
-                "hold",
-                summary,
-                diagnosis=diag,
-                prediction=res.prediction or current,
-            ),
-            search_memo=memo,
+        return _done(
+            replace(s, phase="Observing", recommendation=None, headroom_wait_since=None),
+            now,
+            "hold",
+            summary,
+            diagnosis=diag,
+            prediction=res.prediction or current,
+            memo=memo,
+            predictions=seen,
         )
     best, pred = res.best, res.prediction
+    seen = ((applied, current), (best, pred))
     previous = state.recommendation
     changed = previous is None or not previous.knobs.same_as(best)
     rec = Recommendation(
@@ -461,16 +706,82 @@ def _steady(
     if policy.mode == "Recommend":
         text = f"recommend {summary}"
         events = (Event("Normal", "TuningRecommendation", text),) if changed else ()
-        return replace(_done(s, now, "recommend", text, None, events, diag, pred), search_memo=memo)
+        return _done(s, now, "recommend", text, None, events, diag, pred, memo, seen)
     blocker = rollout_blocker(s, policy.rollout, now)
     if blocker is not None:
         waits = f"{summary}; rollout waits: {blocker}"
-        return replace(_done(s, now, "hold", waits, None, (), diag, pred), search_memo=memo)
-    s, trial = _start_trial(s, best, now)
-    text = f"rollout {best.describe()} (trial {trial.id}, from {applied.describe()}): {summary}"
-    return _done(
-        s, now, "rollout", text, best, (Event("Normal", "RolloutStarted", text),), diag, pred
+        return _done(s, now, "hold", waits, None, (), diag, pred, memo, seen)
+    strategy: Strategy = "Canary" if ctx.replicas >= 2 and ctx.rollout.canary else "Rolling"
+    rate_ref = max(rate, s.peak_rate or 0.0)
+    worth = worth_restart(
+        ctx, policy.rollout, strategy, current.capacity_rps, pred.capacity_rps, rate, rate_ref
     )
+    if not worth.worth:
+        text = f"{summary}; not worth the restart: {worth.text}"
+        held = replace(s, phase="Observing", headroom_wait_since=None)
+        return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
+    room = headroom(ctx, current.capacity_rps, rate)
+    waited = _headroom_wait(s, policy, now, room, diag.violates_slo, summary, worth)
+    if waited is not None:
+        return replace(waited, diagnosis=diag, prediction=pred, search_memo=memo, predictions=seen)
+    s, trial = _start_trial(s, best, now, strategy)
+    how = "canary" if strategy == "Canary" else "rollout"
+    text = (
+        f"{how} {best.describe()} (trial {trial.id}, from {applied.describe()}): {summary}; "
+        f"worth it: {worth.text}"
+        + ("" if room.ok else f"; no headroom ({room.text}), but the SLO is missed now")
+    )
+    reason = "CanaryStarted" if strategy == "Canary" else "RolloutStarted"
+    knobs = None if strategy == "Canary" else best
+    return _done(
+        s, now, "rollout", text, knobs, (Event("Normal", reason, text),), diag, pred,
+        predictions=seen,
+    )  # fmt: skip
+
+
+def _with_peak(state: TuningState, rate: float, now: datetime) -> TuningState:
+    """Remember the highest per-pod rate of the last day."""
+    stale = state.peak_rate_at is None or now - state.peak_rate_at > timedelta(days=1)
+    if stale or state.peak_rate is None or rate >= state.peak_rate:
+        return replace(state, peak_rate=rate, peak_rate_at=now)
+    return state
+
+
+def _headroom_wait(
+    state: TuningState,
+    policy: TuningPolicy,
+    now: datetime,
+    room: Headroom,
+    violated: bool,
+    summary: str,
+    worth: Worth,
+) -> Decision | None:
+    """None when the rollout may start; else the decision to wait (bounded) for headroom.
+
+    Without surge a restart leaves the other pods to carry its traffic. When they cannot, the
+    rollout waits for the load to drop, at most `headroomTimeout`, unless the SLO is missed
+    now: then the users already pay more than the restart costs (the worth check has weighed
+    it) and waiting would only prolong it.
+    """
+    if room.ok or violated:
+        return None
+    since = state.headroom_wait_since or now
+    waited = (now - since).total_seconds()
+    limit = policy.rollout.headroom_timeout_s
+    if waited > limit:
+        text = (
+            f"{summary}; rollout given up after waiting {waited / 60:.0f} min for headroom "
+            f"(headroomTimeout {limit / 60:.0f} min): {room.text}"
+        )
+        s = replace(state, phase="Observing", headroom_wait_since=None)
+        return _done(s, now, "hold", text, events=(Event("Warning", "RolloutAbandoned", text),))
+    text = (
+        f"{summary}; rollout waits for headroom ({waited / 60:.0f} of {limit / 60:.0f} min): "
+        f"{room.text}; {worth.text}"
+    )
+    events = () if state.headroom_wait_since else (Event("Normal", "WaitingForHeadroom", text),)
+    s = replace(state, phase="Holding", headroom_wait_since=since)
+    return _done(s, now, "hold", text, events=events)
 
 
 def _memo_answers(
@@ -501,8 +812,13 @@ def _conclude(
     model: PerformanceModel,
     workload: Workload,
     cal: Calibration,
+    trusted: bool = False,
 ) -> tuple[SearchResult, str]:
-    """Run the search (and its fallbacks) and say what it found, after the diagnosis."""
+    """Run the search (and its fallbacks) and say what it found, after the diagnosis.
+
+    A model that explains the applied knobs (`trusted`: ModelCheck) goes to its predicted best
+    anywhere one rollout may reach; otherwise the search keeps to the diagnosed directions,
+    and explores one step only when the SLO is missed and the model sees no fix."""
     applied = state.applied
 
     def run_search(guide: Diagnosis | None) -> SearchResult:
@@ -520,7 +836,7 @@ def _conclude(
             slo_violated=diag.violates_slo,
         )
 
-    res = run_search(diag)
+    res = run_search(None if trusted else diag)
     conclusion = res.reason
     if diag.violates_slo and not res.worth_rollout:
         # The diagnosis is a heuristic; when its directions cannot fix a violation, the
@@ -581,13 +897,19 @@ def _exploration(
     return probe
 
 
-def _start_trial(state: TuningState, knobs: Knobs, now: datetime) -> tuple[TuningState, Trial]:
-    """The state of a rollout of `knobs` begun now: one new pending trial, counted once."""
+def _start_trial(
+    state: TuningState, knobs: Knobs, now: datetime, strategy: Strategy = "Rolling"
+) -> tuple[TuningState, Trial]:
+    """The state of a trial of `knobs` begun now: one new pending trial, counted once. A
+    rolling trial applies the knobs to every pod; a canary leaves them on the baseline."""
     trial = Trial(id=state.next_trial_id(), knobs=knobs, started_at=now)
     started = replace(
         state.with_trial(trial),
-        applied=knobs,
+        applied=state.applied if strategy == "Canary" else knobs,
         candidate=knobs,
+        strategy=strategy,
+        analysis=None,
+        headroom_wait_since=None,
         phase="RollingOut",
         rollout_started_at=now,
         verify_until=None,

@@ -290,10 +290,11 @@ class AnalyticModel:
         # interpolated inside a wide bucket).
         shape = _itl_shape(snapshot.itl)
         target = math.log(mean_itl / 1000.0)
-        # The mean prefill time (first scheduled to first token) is compute physics: how long
-        # the steps that carry prompts take, without the wait in the queue.
-        prefill_ms = snapshot.prefill_time.mean_ms
-        prefill_target = math.log(prefill_ms / 1000.0) if prefill_ms else None
+        # The mean step, counted: a busy engine runs 1/steps_per_s per step. Busy enough when
+        # requests are always running (the gauge's mean well above one).
+        step_target = None
+        if snapshot.steps_per_s and (running or 0.0) >= 4.0:
+            step_target = -math.log(snapshot.steps_per_s)
 
         def evaluate(x: Sequence[float]) -> SteadyState:
             c = _with_params(cal, x)
@@ -305,13 +306,13 @@ class AnalyticModel:
         def residuals(x: Sequence[float]) -> list[float]:
             st = evaluate(x)
             prior_terms = _prior_terms(x)
-            n = 1 + len(shape) + (prefill_target is not None)
+            n = 1 + len(shape) + (step_target is not None)
             if not st.stable:
                 return [5.0] * n + prior_terms
             fit = [math.log(max(st.itl_mean_s, 1e-9)) - target]
+            if step_target is not None:
+                fit.append(math.log(max(st.step_mean_s, 1e-9)) - step_target)
             fit += [_SHAPE_WEIGHT * (st.itl_below(b) - f) for b, f in shape]
-            if prefill_target is not None:
-                fit.append(math.log(max(st.prefill_mean_s, 1e-9)) - prefill_target)
             return fit + prior_terms
 
         x0 = _params(cal)
@@ -357,7 +358,11 @@ class AnalyticModel:
         lat = self._latencies(knobs, workload, calibration, workload.request_rate, kv)
         ttft, itl, e2e, st = lat
         meets = st.stable and self._meets(workload, ttft, itl, e2e)
-        capacity = self._capacity(knobs, workload, calibration, kv, meets)
+        # Capacity is at the SLO's own thresholds (what people read and benchmarks check);
+        # the safety margin applies to whether a candidate is predicted to meet the SLO now.
+        raw = replace(workload, safety_margin=1.0)
+        meets_raw = st.stable and self._meets(raw, ttft, itl, e2e)
+        capacity = self._capacity(knobs, raw, calibration, kv, meets_raw)
         reason = "" if meets else ("overloaded: " + st.why if not st.stable else "SLO missed")
         return Prediction(
             ttft_ms=ttft * 1000.0,
@@ -523,7 +528,7 @@ def _prior_terms(x: Sequence[float]) -> list[float]:
     return [
         _PRIOR_WEIGHT * x[0],
         _PRIOR_WEIGHT * x[1],
-        _PRIOR_WEIGHT * x[2] / 5.0,
+        0.2 * x[2] / 5.0,
         _PRIOR_WEIGHT * (x[3] - math.log(_PRIOR_JITTER)),
     ]
 
@@ -544,6 +549,32 @@ def _least_squares(
         options={"maxfev": 160, "xtol": 1e-3, "ftol": 1e-5},
     )
     return [float(v) for v in res.x]
+
+
+# Predicted and measured SLO percentiles agree within this (|log| of their ratio).
+AGREEMENT_TOLERANCE = 0.25
+
+
+def prediction_agrees(snapshot: Snapshot, slo: SLO, pred: Prediction) -> bool:
+    """Whether the predicted SLO percentiles match the window: within the tolerance of the
+    interpolated percentile, or anywhere the histogram's buckets allow the percentile to be
+    (an interpolated percentile inside a wide bucket is no better than the bucket)."""
+    values = {"ttft": pred.ttft_ms, "itl": pred.itl_ms, "e2e": pred.e2e_ms}
+    for metric, target in slo.targets():
+        predicted = values[metric]
+        if not math.isfinite(predicted) or predicted <= 0:
+            return False
+        summary = snapshot.latency(metric)
+        measured = summary.at(target.percentile)
+        if measured is None:
+            continue
+        if abs(math.log(predicted / max(measured, 1e-9))) <= AGREEMENT_TOLERANCE:
+            continue
+        bounds = summary.fraction_bounds(predicted)
+        q = target.percentile / 100.0
+        if bounds is None or not (bounds[0] - 0.01 <= q <= bounds[1] + 0.01):
+            return False
+    return True
 
 
 def slo_ratio(slo: SLO, ttft_ms: float, itl_ms: float, e2e_ms: float) -> float:

@@ -21,6 +21,10 @@ from vllm_autotuner.api.deployment import VLLMDeploymentSpec, sets_owned_flag
 from vllm_autotuner.core.tuning_types import Knobs
 
 CONTAINER_NAME = "vllm"
+CANARY_SUFFIX = "-canary"
+TRACK_LABEL = f"{GROUP}/track"
+# Time for the process to exit after the drain (engine shutdown, CUDA teardown).
+EXIT_MARGIN_S = 30
 PORT_NAME = "http"
 CONTAINER_PORT = 8000
 KNOBS_ANNOTATION = f"{GROUP}/knobs"
@@ -130,6 +134,9 @@ def vllm_args(spec: VLLMDeploymentSpec, knobs: Knobs) -> list[str]:
     if engine.block_size is not None:
         args += ["--block-size", str(engine.block_size)]
     args += knob_args(knobs)
+    # Every restart drains: vLLM stops taking requests and finishes those in flight for up to
+    # this long (its default, 0, aborts them; vllm/entrypoints/launcher.py, v1/engine/core.py).
+    args += ["--shutdown-timeout", str(spec.rollout.shutdown_timeout_seconds)]
     for extra in engine.extra_args:
         # The API refuses these already; refusing again here means a spec that bypassed
         # admission and validation (model_construct, a stale CRD) still cannot override the
@@ -173,6 +180,12 @@ def _container(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
         "livenessProbe": _probe("/health", 10, 6),
         "volumeMounts": mounts,
     }
+    if spec.rollout.pre_stop_seconds > 0:
+        # Endpoints drop a terminating pod asynchronously; vLLM gets SIGTERM only after this
+        # delay, so no new request is routed to a pod that has stopped taking them.
+        container["lifecycle"] = {
+            "preStop": {"exec": {"command": ["sleep", str(spec.rollout.pre_stop_seconds)]}}
+        }
     if pod.env:
         container["env"] = [dict(e) for e in pod.env]
     if pod.env_from:
@@ -188,9 +201,9 @@ def _pod_spec(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec, knobs)],
         "volumes": [*[dict(v) for v in spec.pod.volumes], {"name": "dshm", "emptyDir": shm}],
-        # vLLM aborts in-flight requests on SIGTERM unless --shutdown-timeout is set; give it
-        # time to exit cleanly (vllm.md §5.3).
-        "terminationGracePeriodSeconds": 60,
+        # The grace period covers the pre-stop delay, the drain and the exit, so the kubelet
+        # never kills a pod that is still finishing requests.
+        "terminationGracePeriodSeconds": termination_grace_s(spec),
     }
     if placement.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(placement.node_selector.items()))
@@ -207,7 +220,30 @@ def _pod_spec(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
     return pod_spec
 
 
-def render_deployment(spec: VLLMDeploymentSpec, knobs: Knobs, owner: Owner) -> dict[str, Any]:
+def termination_grace_s(spec: VLLMDeploymentSpec) -> int:
+    return spec.rollout.pre_stop_seconds + spec.rollout.shutdown_timeout_seconds + EXIT_MARGIN_S
+
+
+def canary_name(owner_name: str) -> str:
+    return owner_name + CANARY_SUFFIX
+
+
+def render_canary(spec: VLLMDeploymentSpec, knobs: Knobs, owner: Owner) -> dict[str, Any]:
+    """The one-pod canary Deployment: the candidate knobs behind the same Service (its pods
+    carry the Service's selector labels) and its own selector (the track label), so that the
+    stable Deployment's ReplicaSets never count its pod."""
+    d = render_deployment(spec, knobs, owner, replicas=1)
+    d["metadata"]["name"] = canary_name(owner.name)
+    d["metadata"]["labels"] = {**d["metadata"]["labels"], TRACK_LABEL: "canary"}
+    d["spec"]["selector"] = {"matchLabels": {**selector_labels(owner.name), TRACK_LABEL: "canary"}}
+    template = d["spec"]["template"]["metadata"]
+    template["labels"] = dict(sorted({**template["labels"], TRACK_LABEL: "canary"}.items()))
+    return d
+
+
+def render_deployment(
+    spec: VLLMDeploymentSpec, knobs: Knobs, owner: Owner, replicas: int | None = None
+) -> dict[str, Any]:
     labels = {**filter_user_metadata(spec.pod.labels), **child_labels(owner.name)}
     pod_annotations = {
         **filter_user_metadata(spec.pod.annotations),
@@ -227,7 +263,7 @@ def render_deployment(spec: VLLMDeploymentSpec, knobs: Knobs, owner: Owner) -> d
             "ownerReferences": [owner_reference(owner)],
         },
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": spec.replicas if replicas is None else replicas,
             "selector": {"matchLabels": selector_labels(owner.name)},
             "strategy": {
                 "type": "RollingUpdate",

@@ -7,10 +7,13 @@ pure functions of the state, the pods and the clock; decide() strings them toget
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from vllm_autotuner.core.diagnosis import slo_violations
+from vllm_autotuner.core.perf_model import Prediction
 from vllm_autotuner.core.snapshot import Snapshot, target_value
 from vllm_autotuner.core.tuning_types import (
     SLO,
@@ -30,9 +33,6 @@ OOM_REASONS = frozenset({"OOMKilled"})
 # A candidate may be this much worse than the baseline (relative to the SLO threshold) before
 # a violation is blamed on it: percentiles from histograms are noisy.
 REGRESSION_TOLERANCE = 0.05
-# The load may rise this much over the baseline's before a violation is first checked against
-# what the previous configuration would have done at the new load.
-LOAD_TOLERANCE = 1.2
 
 
 def utc_day(now: datetime) -> str:
@@ -157,67 +157,50 @@ class Verdict:
     reason: str
 
 
-def judge(
+def judge_before_after(
     snapshot: Snapshot,
     slo: SLO,
-    baseline: Measured | None,
-    previous_meets_at_this_load: bool | None,
+    candidate: Prediction,
+    baseline_here: Prediction,
+    min_gain_pct: float,
 ) -> Verdict:
-    """Keep the candidate unless it missed the SLO where the previous config would not have.
+    """Keep the candidate only if its window beats what the baseline knobs would do **at this
+    window's load**, as the model calibrated on the baseline's own window predicts.
 
-    Load-aware: a violation at a much higher load than the baseline saw is checked against the
-    model's prediction for the previous knobs at the current load (`previous_meets_at_this_load`).
+    `candidate` is the model calibrated on this window, `baseline_here` the baseline knobs at
+    this window's workload under the baseline's calibration. Violations count only when the
+    histogram confirms them (diagnosis.slo_violations); a "no worse" at another load is never
+    evidence.
     """
-    ratio = worst_ratio(snapshot, slo)
     rate = snapshot.per_pod_rate()
-    if ratio is None:
-        return Verdict(
-            True, f"no SLO percentile measurable at {rate:.2f} req/s/pod; no regression seen"
-        )
-    if ratio <= 1.0:
-        return Verdict(
-            True, f"SLO met at {rate:.2f} req/s/pod (worst target at {ratio:.0%} of its threshold)"
-        )
-    base_ratio = None if baseline is None else _measured_ratio(baseline, slo)
-    if baseline is not None and base_ratio is not None and base_ratio > 1.0:
+    confirmed = slo_violations(snapshot, slo)
+    ratio = worst_ratio(snapshot, slo)
+    base_ratio = baseline_here.slo_ratio
+    here = f"at {rate:.2f} req/s/pod"
+    if confirmed:
+        text = f"SLO missed ({_fmt_ratio(ratio)}) {here}"
         if (
-            ratio <= base_ratio * (1.0 + REGRESSION_TOLERANCE)
-            or rate > baseline.request_rate * LOAD_TOLERANCE
+            ratio is not None
+            and math.isfinite(base_ratio)
+            and base_ratio > ratio * (1.0 + REGRESSION_TOLERANCE)
         ):
-            return Verdict(
-                True,
-                f"SLO still missed ({ratio:.0%} of threshold) but no worse than the previous "
-                f"configuration ({base_ratio:.0%} at {baseline.request_rate:.2f} req/s/pod)",
-            )
-        return Verdict(
-            False,
-            f"SLO missed at {ratio:.0%} of threshold, worse than the previous configuration's "
-            f"{base_ratio:.0%}",
-        )
-    if (
-        baseline is not None
-        and rate > baseline.request_rate * LOAD_TOLERANCE
-        and previous_meets_at_this_load is False
-    ):
+            return Verdict(True, f"{text}, but the previous knobs would miss it by more here "
+                           f"({_fmt_ratio(base_ratio)})")  # fmt: skip
+        return Verdict(False, f"{text}; the previous knobs would do {_fmt_ratio(base_ratio)} here")
+    if not baseline_here.meets_slo and math.isfinite(base_ratio) and base_ratio > 1.0:
         return Verdict(
             True,
-            f"SLO missed ({ratio:.0%} of threshold) at {rate:.2f} req/s/pod, "
-            f"{rate / max(baseline.request_rate, 1e-9):.1f}x the baseline load; the previous "
-            "configuration is predicted to miss it too",
+            f"SLO met {here} where the previous knobs would miss it ({_fmt_ratio(base_ratio)})",
         )
-    prev = (
-        ""
-        if baseline is None
-        else (
-            f" (previous configuration: {_fmt_ratio(base_ratio)} at "
-            f"{baseline.request_rate:.2f} req/s/pod)"
-        )
+    cap_c, cap_b = candidate.capacity_rps, baseline_here.capacity_rps
+    gain = (cap_c / cap_b - 1.0) * 100.0 if cap_b > 0 else math.inf
+    text = (
+        f"SLO met {here}; calibrated on this window the candidate serves {cap_c:.2f} req/s/pod "
+        f"within the SLO against {cap_b:.2f} for the previous knobs ({gain:+.1f}%)"
     )
-    return Verdict(
-        False,
-        f"SLO regression: worst target at {ratio:.0%} of its threshold at "
-        f"{rate:.2f} req/s/pod{prev}",
-    )
+    if gain >= min_gain_pct / 2.0:
+        return Verdict(True, text)
+    return Verdict(False, f"no measured gain: {text}")
 
 
 def _fmt_ratio(r: float | None) -> str:

@@ -24,8 +24,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from vllm_autotuner.core.diagnosis import Diagnosis
-from vllm_autotuner.core.numeric import grid_argmin
 from vllm_autotuner.core.perf_model import (
     Calibration,
     PerformanceModel,
@@ -35,14 +36,15 @@ from vllm_autotuner.core.perf_model import (
 )
 from vllm_autotuner.core.tuning_types import GMU_EPSILON, Bounds, InfeasibleConfig, Knobs
 
-FRACTIONS_FINE = (0.0, 0.25, 0.5, 1.0)
-FRACTIONS_COARSE = (0.0, 0.5, 1.0)
-FRACTIONS_MINIMAL = (0.0, 1.0)
 # Rounding grains: token budgets in multiples of 64 (a comfortable multiple of block_size 16
 # and of the CUDA-graph capture sizes' step 8/16), sequences in multiples of 8, memory in 1%.
 MNBT_GRAIN = 64
 MNS_GRAIN = 8
 GMU_GRAIN = 0.01
+# Points per knob in the coarse pass (log-spaced over what one rollout may reach) and in the
+# refinement around the coarse pass's best.
+COARSE_POINTS = (9, 6, 3)
+FINE_POINTS = (5, 3, 3)
 
 
 @dataclass(frozen=True)
@@ -78,36 +80,42 @@ def gmu_ceiling(applied: Knobs, stable_gmu: float, rise_step: float) -> float:
     return max(applied.gpu_memory_utilization, stable_gmu + rise_step)
 
 
-def _round_to(value: float, grain: float) -> float:
-    return round(value / grain) * grain
+def _grain(value: float, grain: float) -> float:
+    """A grain no coarser than a quarter of the value (small budgets keep their resolution)."""
+    g = grain
+    while g > 1 and g * 4 > value:
+        g /= 2
+    return g
 
 
-def _axis(
-    current: float,
-    lo: float,
-    hi: float,
-    step: float,
-    grain: float,
-    fractions: Sequence[float],
-    direction: int,
+def _log_axis(
+    current: float, lo: float, hi: float, step: float, grain: float, n: int, direction: int
 ) -> list[float]:
+    """`n` log-spaced points over what one rollout may reach, rounded to grains, with the
+    current value; only one side of it when the diagnosis fixes a direction."""
+    low = max(lo, current - step) if direction <= 0 else current
+    high = min(hi, current + step) if direction >= 0 else current
     values = {current}
-    # Additive steps (fractions of max_step) and multiplicative ones (x1.5, x2): a large
-    # max_step must not hide the small moves that matter for small values.
-    deltas = {f * step for f in fractions} | {current * 0.5, current, current / 3.0}
-    for delta in sorted(deltas):
-        for sign in (-1, 1):
-            if direction and sign != direction:
-                continue
-            if sign < 0 and delta == current:
-                continue
-            v = _round_to(current + sign * delta, grain)
-            # Rounding may overshoot the step; walk back one grain towards current.
-            if abs(v - current) > step + 1e-9:
-                v -= sign * grain
-            if lo - 1e-9 <= v <= hi + 1e-9 and abs(v - current) <= step + 1e-9:
-                values.add(v)
+    if high > low > 0:
+        for v in np.geomspace(low, high, n):
+            g = _grain(v, grain)
+            r = round(v / g) * g
+            if low - 1e-9 <= r <= high + 1e-9:
+                values.add(r)
     return sorted(values)
+
+
+def _linear_axis(
+    current: float, lo: float, hi: float, step: float, grain: float, n: int, direction: int
+) -> list[float]:
+    low = max(lo, current - step) if direction <= 0 else current
+    high = min(hi, current + step) if direction >= 0 else current
+    values = {round(current, 4)}
+    if high > low:
+        for v in np.linspace(low, high, n):
+            values.add(round(round(v / grain) * grain, 4))
+        values.add(round(high, 4))
+    return sorted(v for v in values if low - 1e-9 <= v <= high + 1e-9 or v == round(current, 4))
 
 
 def candidate_axes(
@@ -115,36 +123,35 @@ def candidate_axes(
     bounds: Bounds,
     diagnosis: Diagnosis | None,
     gmu_max: float,
-    fractions: Sequence[float] = FRACTIONS_FINE,
+    points: tuple[int, int, int] = COARSE_POINTS,
+    around: Knobs | None = None,
 ) -> tuple[list[int], list[int], list[float]]:
+    """Each knob's values for one pass: over everything one rollout may reach from `applied`
+    (or, in a refinement, a neighbourhood of `around` within that)."""
     d = diagnosis.directions if diagnosis is not None else None
-    mnbt = _axis(
-        applied.max_num_batched_tokens,
-        bounds.mnbt.min,
-        bounds.mnbt.max,
-        bounds.mnbt.max_step,
-        MNBT_GRAIN,
-        fractions,
-        d.mnbt if d else 0,
-    )
-    mns = _axis(
-        applied.max_num_seqs,
-        bounds.mns.min,
-        bounds.mns.max,
-        bounds.mns.max_step,
-        MNS_GRAIN if applied.max_num_seqs >= 2 * MNS_GRAIN else 1,
-        fractions,
-        d.mns if d else 0,
-    )
-    gmu = _axis(
-        applied.gpu_memory_utilization,
-        bounds.gmu.min,
-        min(bounds.gmu.max, gmu_max),
-        bounds.gmu.max_step,
-        GMU_GRAIN,
-        fractions,
-        d.gmu if d else 0,
-    )
+    b = bounds
+    centre = around or applied
+
+    def span(
+        cur: float, kb_lo: float, kb_hi: float, step: float, app: float
+    ) -> tuple[float, float, float]:
+        lo = max(kb_lo, app - step)
+        hi = min(kb_hi, app + step)
+        if around is None:
+            return lo, hi, step
+        width = max(cur * 0.3, 1e-9)
+        return max(lo, cur - width), min(hi, cur + width), width
+
+    lo, hi, st = span(centre.max_num_batched_tokens, b.mnbt.min, b.mnbt.max, b.mnbt.max_step,
+                      applied.max_num_batched_tokens)  # fmt: skip
+    mnbt = _log_axis(centre.max_num_batched_tokens, lo, hi, st, MNBT_GRAIN, points[0],
+                     d.mnbt if d else 0)  # fmt: skip
+    lo, hi, st = span(centre.max_num_seqs, b.mns.min, b.mns.max, b.mns.max_step,
+                      applied.max_num_seqs)  # fmt: skip
+    mns = _log_axis(centre.max_num_seqs, lo, hi, st, MNS_GRAIN, points[1], d.mns if d else 0)
+    gmu_hi = min(b.gmu.max, gmu_max)
+    gmu = _linear_axis(centre.gpu_memory_utilization, b.gmu.min, gmu_hi, b.gmu.max_step,
+                       GMU_GRAIN, points[2], d.gmu if d else 0)  # fmt: skip
     return (
         sorted({round(v) for v in mnbt}),
         sorted({round(v) for v in mns}),
@@ -190,12 +197,10 @@ def search(
     max_evaluations: int = 400,
     refine_top: int = 2,
 ) -> SearchResult:
+    """The best knobs one rollout may reach: a coarse log-spaced pass over the whole reachable
+    box, then a finer pass around its best (so a budget can go from 8192 to 704 in one move
+    when the model says so). Deterministic for the same inputs."""
     gmu_max = gmu_ceiling(applied, stable_gmu, gmu_rise_step)
-    axes = candidate_axes(applied, bounds, diagnosis, gmu_max)
-    for fractions in (FRACTIONS_COARSE, FRACTIONS_MINIMAL):
-        if len(axes[0]) * len(axes[1]) * len(axes[2]) <= max_evaluations:
-            break
-        axes = candidate_axes(applied, bounds, diagnosis, gmu_max, fractions)
     screened = isinstance(model, Screened)
     stage_model, stage_cal = (
         model.screen(calibration) if isinstance(model, Screened) else (model, calibration)
@@ -205,11 +210,9 @@ def search(
     def score_of(k: Knobs, p: Prediction) -> float:
         # Most capacity first; among near-equals, the smallest move (fewer surprises).
         move = (
-            abs(k.max_num_batched_tokens - applied.max_num_batched_tokens)
-            / max(1.0, bounds.mnbt.max_step)
-            + abs(k.max_num_seqs - applied.max_num_seqs) / max(1.0, bounds.mns.max_step)
-            + abs(k.gpu_memory_utilization - applied.gpu_memory_utilization)
-            / max(1e-3, bounds.gmu.max_step)
+            abs(math.log(k.max_num_batched_tokens / applied.max_num_batched_tokens))
+            + abs(math.log(k.max_num_seqs / applied.max_num_seqs))
+            + abs(k.gpu_memory_utilization - applied.gpu_memory_utilization) * 10.0
         )
         if p.feasible:
             return -p.capacity_rps * (1.0 - 1e-3 * move) - 1e-9
@@ -219,9 +222,7 @@ def search(
             return p.slo_ratio * (1.0 + 1e-3 * move)
         return math.inf
 
-    def score(idx: tuple[int, ...]) -> float:
-        i, j, m = idx
-        k = Knobs(axes[0][i], axes[1][j], axes[2][m])
+    def score(k: Knobs) -> float:
         key = (k.max_num_batched_tokens, k.max_num_seqs, k.gpu_memory_utilization)
         if key not in cache:
             if allowed(k, applied, bounds, gmu_max, infeasible) is not None:
@@ -231,8 +232,15 @@ def search(
                 cache[key] = (score_of(k, p), p)
         return cache[key][0]
 
-    i, j, m = grid_argmin(score, [len(a) for a in axes])
-    best = Knobs(axes[0][i], axes[1][j], axes[2][m])
+    def best_of(axes: tuple[list[int], list[int], list[float]]) -> Knobs:
+        grid = [Knobs(t, q, g) for t in axes[0] for q in axes[1] for g in axes[2]]
+        return min(grid[:max_evaluations], key=lambda k: (score(k), k))
+
+    best = best_of(candidate_axes(applied, bounds, diagnosis, gmu_max))
+    if math.isfinite(score(best)):
+        best = best_of(
+            candidate_axes(applied, bounds, diagnosis, gmu_max, FINE_POINTS, around=best)
+        )
     key = (best.max_num_batched_tokens, best.max_num_seqs, best.gpu_memory_utilization)
     best_score, best_pred = cache[key]
     current = model.predict(applied, workload, calibration)
@@ -244,16 +252,6 @@ def search(
                 (sc, k) for k, (sc, p) in cache.items() if p is not None and math.isfinite(sc)
             )[:refine_top]
         ]
-        # Probes: the largest single-knob moves, so the slow model can overrule the screen
-        # where their physics disagree.
-        for axis in range(3):
-            for end in (axes[axis][0], axes[axis][-1]):
-                probe = [applied.max_num_batched_tokens, applied.max_num_seqs,
-                         applied.gpu_memory_utilization]  # fmt: skip
-                probe[axis] = end
-                pk = (int(probe[0]), int(probe[1]), float(probe[2]))
-                if pk not in finalists and pk in cache and cache[pk][1] is not None:
-                    finalists.append(pk)
         best_score, best_pred = math.inf, None
         for key in finalists:
             k = Knobs(*key)

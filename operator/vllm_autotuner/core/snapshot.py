@@ -132,7 +132,7 @@ class Snapshot:
     - engine state (per pod): `kv_usage_mean`/`kv_usage_max` (0..1, vllm:kv_cache_usage_perc),
       `running_mean`/`running_max`, `waiting_mean`/`waiting_max`.
     - workload: `prompt_len`, `generation_len`, `prefix_cache_hit_rate` (0..1, hits/queries),
-      `iteration_tokens_mean` (tokens per engine step).
+      `iteration_tokens_mean` (tokens per engine step), `steps_per_s` (per pod).
     - capacity: `kv_cache` (vllm:cache_config_info labels).
     """
 
@@ -167,6 +167,9 @@ class Snapshot:
     generation_len: LengthSummary = field(default_factory=LengthSummary)
     prefix_cache_hit_rate: float | None = None
     iteration_tokens_mean: float | None = None
+    # Engine steps per second per pod (the iteration-tokens histogram's count): while the
+    # engine is busy, its inverse is the mean step time.
+    steps_per_s: float | None = None
     kv_cache: KVCacheInfo = field(default_factory=KVCacheInfo)
 
     @classmethod

@@ -16,7 +16,7 @@ by the rate, for every evaluation, so that results are smooth in the rate and in
 - step time from the deployment's physics (core/physics.py) at `R` decodes plus the step's
   prefill tokens, plus a cost per admitted request;
 - TTFT of each arrival: from its arrival to the end of the step that completes its prefill,
-  one step more for async scheduling, plus the frontend overhead; the wait for a free
+  plus the frontend overhead (async scheduling delays the first step by one); the wait for a free
   sequence slot (`max_num_seqs`) is added as an M/M/c queue.
 
 Stability: the prefill flow must fit in the budget left by the decodes, `R` must stay under
@@ -46,6 +46,7 @@ _GAPS: FloatArray = _RNG.exponential(1.0, _MAX_ARRIVALS)
 _ARRIVALS_UNIT: FloatArray = np.cumsum(_GAPS)
 _Z_PROMPT: FloatArray = _RNG.standard_normal(_MAX_ARRIVALS)
 _Z_STEP: FloatArray = _RNG.standard_normal(STEPS * 4)
+_Z_RUN: FloatArray = _RNG.standard_normal(STEPS * 4)
 _WARMUP = 0.1  # the first tenth of the path fills an empty engine
 
 # Utilisation limits beyond which the steady state does not exist (queues grow without bound).
@@ -203,7 +204,21 @@ def steady_state(
     warm = int(len(t_steps) * _WARMUP)
     body = t_steps[warm:]
     step_mean = float(body.mean())
-    itl_sorted = np.sort(body)
+    # The running set is not constant: its size is about Poisson around the mean (requests
+    # come and go independently), and a step with more decodes is longer (more KV to read)
+    # and yields more tokens. Inter-token latencies are the steps weighted by their decodes.
+    decodes = np.maximum(1.0, r_eff + math.sqrt(max(r_eff, 1.0)) * _Z_RUN[: len(body)])
+    wider = max(1.0, r_eff * 1.25)
+    slope = (
+        float(curve_at(wider, ctx_per_seq)(np.array([wider]))[0])
+        - float(curve(np.array([r_eff]))[0])
+    ) / max(1e-9, wider - r_eff)
+    itl_steps = np.maximum(body + slope * (decodes - r_eff), 1e-6)
+    order = np.argsort(itl_steps)
+    itl_sorted = itl_steps[order]
+    itl_cum = np.cumsum(decodes[order])
+    itl_cum /= itl_cum[-1]
+    itl_mean = float(np.dot(itl_steps, decodes) / decodes.sum())
     # Waiting for a sequence slot: an M/M/c queue with c = max_num_seqs servers whose service
     # is a request's decode (Sakasegawa's approximation of the mean wait; exponential tail).
     wait_mean = 0.0
@@ -218,10 +233,12 @@ def steady_state(
     ttft_sorted = np.sort(ttft_samples)
 
     def itl(q: float) -> float:
-        return float(itl_sorted[min(len(itl_sorted) - 1, int(q * len(itl_sorted)))])
+        i = int(np.searchsorted(itl_cum, q, side="left"))
+        return float(itl_sorted[min(len(itl_sorted) - 1, i)])
 
     def itl_below(x: float) -> float:
-        return float(np.searchsorted(itl_sorted, x, side="right")) / len(itl_sorted)
+        i = int(np.searchsorted(itl_sorted, x, side="right"))
+        return 0.0 if i == 0 else float(itl_cum[i - 1])
 
     def ttft(q: float) -> float:
         base = float(ttft_sorted[min(len(ttft_sorted) - 1, int(q * len(ttft_sorted)))])
@@ -235,7 +252,7 @@ def steady_state(
         r_eff,
         itl,
         itl_below,
-        float(body.mean()),
+        itl_mean,
         ttft,
         prefill_mean,
         gen_q,
@@ -295,8 +312,8 @@ def _sample_path(
     processed = np.cumsum(chunk)
     # Half a token of slack: the reflected walk accumulates float error over many steps.
     done = np.minimum(np.searchsorted(processed, needed - 0.5), n_steps - 1)
-    # Async scheduling: the first token is out one step after the prefill completes.
-    out_step = np.minimum(done + 1, n_steps - 1)
+    # The first token is out when the step that completes the prefill ends.
+    out_step = done
     ttft = ends[out_step] - arrive + costs.frontend_s
     # Prefill time: from the step that starts a prompt to its first token.
     start = np.minimum(np.searchsorted(processed, needed - prompt + 0.5), n_steps - 1)

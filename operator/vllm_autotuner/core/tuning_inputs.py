@@ -8,6 +8,7 @@ the CRD never reaches the tuning logic.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, time
 from typing import Any
@@ -27,6 +28,7 @@ from vllm_autotuner.core.tuning_types import (
     MaintenanceWindow,
     PodHealth,
     RolloutRules,
+    RolloutSettings,
     SLOTarget,
     TuningPolicy,
 )
@@ -84,6 +86,7 @@ def tuning_policy(resolution: Resolution, policy: VLLMTuningPolicySpec) -> Tunin
             maintenance_windows=windows,
             verify_window_s=duration_seconds(r.verify_window),
             ready_timeout_s=duration_seconds(r.ready_timeout),
+            headroom_timeout_s=duration_seconds(r.headroom_timeout),
         ),
         min_requests_per_window=policy.min_requests_per_window,
         evaluation_window_s=duration_seconds(policy.evaluation_window),
@@ -91,7 +94,29 @@ def tuning_policy(resolution: Resolution, policy: VLLMTuningPolicySpec) -> Tunin
     )
 
 
-def deployment_context(spec: VLLMDeploymentSpec) -> DeploymentContext:
+def pods_of(value: int | str, replicas: int) -> int:
+    """An int-or-percent rollout limit in pods (a surge percentage rounds up, as Kubernetes
+    rounds maxSurge)."""
+    if isinstance(value, int):
+        return value
+    return math.ceil(replicas * int(value.rstrip("%")) / 100.0)
+
+
+def rollout_settings(spec: VLLMDeploymentSpec, load_time_s: float | None = None) -> RolloutSettings:
+    r = spec.rollout
+    defaults = RolloutSettings()
+    return RolloutSettings(
+        max_surge=pods_of(r.max_surge, spec.replicas),
+        canary=r.canary,
+        shutdown_timeout_s=float(r.shutdown_timeout_seconds),
+        pre_stop_s=float(r.pre_stop_seconds),
+        load_time_s=defaults.load_time_s if load_time_s is None else load_time_s,
+    )
+
+
+def deployment_context(
+    spec: VLLMDeploymentSpec, load_time_s: float | None = None
+) -> DeploymentContext:
     return DeploymentContext(
         model=spec.model,
         gpu_product=spec.gpu.product,
@@ -101,6 +126,7 @@ def deployment_context(spec: VLLMDeploymentSpec) -> DeploymentContext:
         kv_cache_dtype=spec.engine.kv_cache_dtype,
         enable_prefix_caching=spec.engine.enable_prefix_caching is not False,
         replicas=spec.replicas,
+        rollout=rollout_settings(spec, load_time_s),
     )
 
 

@@ -179,6 +179,8 @@ class RolloutRules:
     maintenance_windows: tuple[MaintenanceWindow, ...] = ()
     verify_window_s: float = 600.0
     ready_timeout_s: float = 900.0
+    # How long a rollout may wait for the pods that stay to have room for the traffic.
+    headroom_timeout_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -442,6 +444,102 @@ class DecisionRecord:
         return cls(time=t, action=cast(Action, d["action"]), reason=str(d.get("reason", "")))
 
 
+@dataclass(frozen=True)
+class ModelCheck:
+    """The model's prediction for the applied knobs next to what the window measured, so a
+    person (and the tuner) can see when the model is off. Per pod."""
+
+    time: datetime
+    knobs: Knobs
+    measured_rate_rps: float
+    predicted_capacity_rps: float
+    predicted_slo_ratio: float | None
+    measured_slo_ratio: float | None
+    fit_error: float | None
+    # The predicted SLO percentiles at the measured load are what the window's histograms
+    # show (within MODEL_SLO_TOLERANCE, or inside the bucket that holds the measurement).
+    agrees: bool = False
+
+    @property
+    def trusted(self) -> bool:
+        """The model explains the window: it reproduced the step times it was fitted on and
+        its SLO percentiles at the measured load agree with the measurement."""
+        fit_ok = self.fit_error is not None and self.fit_error <= MODEL_FIT_TOLERANCE
+        return fit_ok and self.agrees
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": _iso(self.time),
+            "knobs": self.knobs.to_dict(),
+            "measuredRateRps": _round(self.measured_rate_rps),
+            "predictedCapacityRps": _round(self.predicted_capacity_rps),
+            "predictedSloRatio": _round(_finite(self.predicted_slo_ratio)),
+            "measuredSloRatio": _round(_finite(self.measured_slo_ratio)),
+            "fitError": _round(self.fit_error, 4),
+            "agrees": self.agrees,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelCheck:
+        t = _parse(d["time"])
+        assert t is not None
+        return cls(
+            time=t,
+            knobs=Knobs.from_dict(d["knobs"]),
+            measured_rate_rps=float(d.get("measuredRateRps") or 0.0),
+            predicted_capacity_rps=float(d.get("predictedCapacityRps") or 0.0),
+            predicted_slo_ratio=_opt_float(d.get("predictedSloRatio")),
+            measured_slo_ratio=_opt_float(d.get("measuredSloRatio")),
+            fit_error=_opt_float(d.get("fitError")),
+            agrees=bool(d.get("agrees", False)),
+        )
+
+
+# A fit that misses its own window by more than this (|log| of the worst residual), or an
+# SLO verdict more than this far from the measured one, is not trusted to jump.
+MODEL_FIT_TOLERANCE = 0.15
+MODEL_SLO_TOLERANCE = 0.25
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is None or math.isfinite(v) else None
+
+
+@dataclass(frozen=True)
+class CanaryAnalysis:
+    """The paired comparison of the canary pod with the baseline pods over one window."""
+
+    since: datetime
+    window_s: float
+    baseline: Measured
+    canary: Measured
+    verdict: str  # Pending | Promote | Reject
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "since": _iso(self.since),
+            "windowSeconds": round(self.window_s, 1),
+            "baseline": self.baseline.to_dict(),
+            "canary": self.canary.to_dict(),
+            "verdict": self.verdict,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CanaryAnalysis:
+        t = _parse(d["since"])
+        assert t is not None
+        return cls(
+            since=t,
+            window_s=float(d.get("windowSeconds") or 0.0),
+            baseline=Measured.from_dict(d.get("baseline") or {}),
+            canary=Measured.from_dict(d.get("canary") or {}),
+            verdict=str(d.get("verdict", "Pending")),
+            reason=str(d.get("reason", "")),
+        )
+
+
 MAX_TRIALS = 20
 MAX_INFEASIBLE = 50
 
@@ -476,6 +574,14 @@ class TuningState:
     infeasible: tuple[InfeasibleConfig, ...] = ()
     baseline: Measured | None = None
     calibration: Mapping[str, float] = field(default_factory=dict)
+    # The highest per-pod request rate seen lately, and when: a change made while the SLO is
+    # met must hold at this load, not only at today's trough.
+    peak_rate: float | None = None
+    peak_rate_at: datetime | None = None
+    # Since when a rollout waits for the pods that stay to have room for the traffic.
+    headroom_wait_since: datetime | None = None
+    analysis: CanaryAnalysis | None = None
+    model_check: ModelCheck | None = None
 
     @classmethod
     def initial(cls, knobs: Knobs) -> TuningState:
@@ -523,6 +629,11 @@ class TuningState:
             "infeasible": [i.to_dict() for i in self.infeasible],
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
             "calibration": {k: float(v) for k, v in sorted(self.calibration.items())},
+            "peakRate": _round(self.peak_rate),
+            "peakRateAt": _iso(self.peak_rate_at),
+            "headroomWaitSince": _iso(self.headroom_wait_since),
+            "analysis": None if self.analysis is None else self.analysis.to_dict(),
+            "model": None if self.model_check is None else self.model_check.to_dict(),
         }
 
     @classmethod
@@ -549,6 +660,11 @@ class TuningState:
             infeasible=tuple(InfeasibleConfig.from_dict(i) for i in d.get("infeasible") or ()),
             baseline=None if base is None else Measured.from_dict(base),
             calibration={str(k): float(v) for k, v in (d.get("calibration") or {}).items()},
+            peak_rate=_opt_float(d.get("peakRate")),
+            peak_rate_at=_parse(d.get("peakRateAt")),
+            headroom_wait_since=_parse(d.get("headroomWaitSince")),
+            analysis=None if not d.get("analysis") else CanaryAnalysis.from_dict(d["analysis"]),
+            model_check=None if not d.get("model") else ModelCheck.from_dict(d["model"]),
         )
 
 

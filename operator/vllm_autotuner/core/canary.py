@@ -1,0 +1,139 @@
+"""Judging a candidate against the baseline: the one-pod canary, and before/after on one pod.
+
+**The canary** runs beside the baseline pods behind the same Service, so both see the same
+traffic over the same window; load drift cannot fake a win or a loss. For every SLO target
+the share of requests over the threshold is compared (a one-sided two-proportion z-test,
+scipy.stats; requests are the sample size, since the tokens of one request are not
+independent), bounded honestly by the histogram buckets on either side of the threshold.
+The candidate is
+
+- **rejected** as soon as it is significantly worse on a target it then misses;
+- **promoted** early when it significantly fixes a violation the baseline shows;
+- at the end of the window, promoted when the model, calibrated on each side's own window,
+  credits it with at least the minimum gain of capacity and no target is worse; else
+  rejected: a candidate that shows no gain is not worth restarting every pod for.
+
+**Before/after** (one replica): the candidate's window is compared with what the model,
+calibrated on the baseline's window, predicts the baseline knobs would do *at the candidate
+window's load*. A "no worse" at a different load is not evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from vllm_autotuner.core.snapshot import Snapshot
+from vllm_autotuner.core.tuning_types import SLO, SLOTarget
+
+CanaryVerdict = Literal["Pending", "Promote", "Reject"]
+
+SIGNIFICANCE = 0.05  # one-sided, for harm and for a win at the end of the window
+EARLY_SIGNIFICANCE = 0.01  # for promoting before the window ends
+
+
+@dataclass(frozen=True)
+class Misses:
+    """Requests over one target's threshold in one window: the honest range of their share."""
+
+    metric: str
+    low: float  # lowest share the buckets allow
+    high: float  # highest share the buckets allow
+    n: int  # requests in the window
+
+    def misses_slo(self, target: SLOTarget) -> bool:
+        return self.low > 1.0 - target.percentile / 100.0
+
+    def meets_slo(self, target: SLOTarget) -> bool:
+        return self.high <= 1.0 - target.percentile / 100.0
+
+
+def misses(snapshot: Snapshot, metric: str, target: SLOTarget) -> Misses | None:
+    bounds = snapshot.latency(metric).fraction_bounds(target.threshold_ms)
+    n = snapshot.completed_requests
+    if bounds is None:
+        att = snapshot.attainment(metric)
+        if att is None:
+            return None
+        bounds = (att, att)
+    lo_att, hi_att = bounds
+    return Misses(metric, max(0.0, 1.0 - hi_att), max(0.0, 1.0 - lo_att), max(0, n))
+
+
+def worse_p_value(a: Misses, b: Misses) -> float:
+    """P-value that `a` misses more often than `b` (a's best case against b's worst case)."""
+    from scipy.stats import norm
+
+    if a.n <= 0 or b.n <= 0:
+        return 1.0
+    pa, pb = a.low, b.high
+    if pa <= pb:
+        return 1.0
+    pooled = (pa * a.n + pb * b.n) / (a.n + b.n)
+    se = math.sqrt(max(pooled * (1.0 - pooled) * (1.0 / a.n + 1.0 / b.n), 1e-12))
+    return float(norm.sf((pa - pb) / se))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: CanaryVerdict
+    reason: str
+
+
+def judge_canary(
+    baseline: Snapshot,
+    canary: Snapshot,
+    slo: SLO,
+    min_requests: int,
+    capacity_baseline: float | None,
+    capacity_canary: float | None,
+    min_gain_pct: float,
+    final: bool,
+) -> Judgement:
+    """The paired verdict over one window (see the module docstring)."""
+    per_pod_base = baseline.per_pod_rate()
+    load = (
+        f"canary {canary.per_pod_rate():.2f} req/s, baseline {per_pod_base:.2f} req/s/pod "
+        f"over {canary.window_s:.0f} s"
+    )
+    if canary.completed_requests < min_requests or baseline.completed_requests < min_requests:
+        wait = "window ended" if final else "waiting"
+        return Judgement(
+            "Reject" if final else "Pending",
+            f"{wait}: {canary.completed_requests} canary and {baseline.completed_requests} "
+            f"baseline requests of {min_requests} needed ({load})",
+        )
+    fixed: list[str] = []
+    for metric, target in slo.targets():
+        c, b = misses(canary, metric, target), misses(baseline, metric, target)
+        if c is None or b is None:
+            continue
+        label = f"{metric.upper()} p{target.percentile:g}"
+        p_worse = worse_p_value(c, b)
+        if p_worse < SIGNIFICANCE and not c.meets_slo(target):
+            return Judgement(
+                "Reject",
+                f"{label}: the canary misses {c.low:.1%} of requests against the baseline's "
+                f"{b.high:.1%} (p={p_worse:.3f}; {load})",
+            )
+        p_better = worse_p_value(b, c)
+        if b.misses_slo(target) and p_better < (SIGNIFICANCE if final else EARLY_SIGNIFICANCE):
+            fixed.append(f"{label} misses {c.high:.1%} vs {b.low:.1%} (p={p_better:.3f})")
+    if fixed:
+        return Judgement(
+            "Promote",
+            "the canary fixes the baseline's violation: " + "; ".join(fixed) + f" ({load})",
+        )
+    if not final:
+        return Judgement("Pending", f"no significant difference yet ({load})")
+    if capacity_baseline and capacity_canary:
+        gain = (capacity_canary / capacity_baseline - 1.0) * 100.0
+        text = (
+            f"calibrated on its own window, the canary serves {capacity_canary:.2f} req/s within "
+            f"the SLO against the baseline's {capacity_baseline:.2f} ({gain:+.1f}%; {load})"
+        )
+        if gain >= min_gain_pct:
+            return Judgement("Promote", text)
+        return Judgement("Reject", f"no gain worth the restarts: {text}")
+    return Judgement("Reject", f"no measurable gain ({load})")

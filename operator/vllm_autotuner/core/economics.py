@@ -1,0 +1,110 @@
+"""Is a rollout worth what it costs, and can the pods that stay carry the traffic meanwhile?
+
+Pure arithmetic on the model's per-pod capacities (requests/s within the SLO):
+
+- **Cost** of a trial: the serving capacity lost while restarted pods load, times the current
+  load: every pod restart that takes a serving pod away costs `load_time_s` of that pod's
+  traffic. A canary trial restarts one pod for the canary and every pod on promotion; with
+  surge, new pods come up beside the old ones and nothing is lost.
+- **Gain**: the requests the new knobs serve within the SLO that the old ones would not, over
+  the time the new knobs will be kept, at the load that matters: the current one, or the
+  highest seen lately when that is higher (a change must hold at the peak, not only at today's
+  trough).
+- **Headroom**: without surge, a restart takes one ready pod out; the others must carry its
+  traffic within the SLO for the load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_autotuner.core.tuning_types import DeploymentContext, RolloutRules, Strategy
+
+DAY_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class Worth:
+    worth: bool
+    gain_requests: float
+    cost_requests: float
+    keep_s: float
+    text: str
+
+
+def keep_time_s(rules: RolloutRules) -> float:
+    """How long new knobs are expected to stay: the rollout budget's spacing (a day over the
+    daily budget), at least the minimum interval between rollouts."""
+    return max(rules.min_interval_s, DAY_S / max(1, rules.max_per_day))
+
+
+def restarts(ctx: DeploymentContext, strategy: Strategy) -> int:
+    """Pod restarts of a trial that is promoted (a canary adds one)."""
+    return max(1, ctx.replicas) + (1 if strategy == "Canary" else 0)
+
+
+def cost_requests(ctx: DeploymentContext, strategy: Strategy, rate_per_pod: float) -> float:
+    if ctx.rollout.max_surge > 0:
+        return 0.0
+    return restarts(ctx, strategy) * ctx.rollout.load_time_s * max(0.0, rate_per_pod)
+
+
+def gain_requests(
+    capacity_now: float,
+    capacity_new: float,
+    rate_per_pod: float,
+    replicas: int,
+    keep_s: float,
+) -> float:
+    """Requests served within the SLO over `keep_s` that the current knobs would miss."""
+    per_pod = max(0.0, min(rate_per_pod, capacity_new) - min(rate_per_pod, capacity_now))
+    return per_pod * max(1, replicas) * keep_s
+
+
+def worth_restart(
+    ctx: DeploymentContext,
+    rules: RolloutRules,
+    strategy: Strategy,
+    capacity_now: float,
+    capacity_new: float,
+    rate_now: float,
+    rate_ref: float,
+) -> Worth:
+    keep = keep_time_s(rules)
+    gain = gain_requests(capacity_now, capacity_new, rate_ref, ctx.replicas, keep)
+    cost = cost_requests(ctx, strategy, rate_now)
+    n = restarts(ctx, strategy)
+    how = (
+        "with surge, no capacity lost"
+        if ctx.rollout.max_surge > 0
+        else (f"{n} pod restarts x {ctx.rollout.load_time_s:.0f} s x {rate_now:.2f} req/s")
+    )
+    text = (
+        f"expected gain {gain:,.0f} requests within the SLO over {keep / 3600:.1f} h at "
+        f"{rate_ref:.2f} req/s/pod (capacity {capacity_now:.2f} -> {capacity_new:.2f} "
+        f"req/s/pod) vs restart cost {cost:,.0f} requests ({how})"
+    )
+    return Worth(gain > cost and gain > 0, gain, cost, keep, text)
+
+
+@dataclass(frozen=True)
+class Headroom:
+    ok: bool
+    carry_rps: float  # what the pods that stay can serve within the SLO
+    load_rps: float  # the whole deployment's traffic now
+    text: str
+
+
+def headroom(ctx: DeploymentContext, capacity_per_pod: float, rate_per_pod: float) -> Headroom:
+    n = max(1, ctx.replicas)
+    load = rate_per_pod * n
+    if ctx.rollout.max_surge > 0:
+        return Headroom(True, capacity_per_pod * n, load, "surge: no pod is taken out")
+    staying = n - 1
+    carry = capacity_per_pod * staying
+    ok = carry >= load
+    text = (
+        f"{staying} pod{'s' if staying != 1 else ''} that stay can serve {carry:.2f} req/s "
+        f"within the SLO, traffic is {load:.2f} req/s"
+    )
+    return Headroom(ok, carry, load, text)
