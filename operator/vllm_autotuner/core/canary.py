@@ -61,6 +61,17 @@ def misses(snapshot: Snapshot, metric: str, target: SLOTarget) -> Misses | None:
     return Misses(metric, max(0.0, 1.0 - hi_att), max(0.0, 1.0 - lo_att), max(0, n))
 
 
+def miss_share(snapshot: Snapshot, slo: SLO) -> float:
+    """The largest share of requests the window certainly has over a target's threshold
+    beyond what the target allows (0 when every target may be met)."""
+    worst = 0.0
+    for metric, target in slo.targets():
+        m = misses(snapshot, metric, target)
+        if m is not None:
+            worst = max(worst, m.low - (1.0 - target.percentile / 100.0))
+    return worst
+
+
 def worse_p_value(a: Misses, b: Misses) -> float:
     """P-value that `a` misses more often than `b` (a's best case against b's worst case)."""
     from scipy.stats import norm

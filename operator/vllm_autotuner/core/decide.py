@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from vllm_autotuner.core.canary import judge_canary
+from vllm_autotuner.core.canary import judge_canary, miss_share
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
 from vllm_autotuner.core.economics import Headroom, Worth, headroom, worth_restart
 from vllm_autotuner.core.perf_model import (
@@ -655,7 +655,9 @@ def _steady(
         fit_error=cal.fit_error,
         agrees=prediction_agrees(snap, policy.slo, current),
     )
-    diag = diagnose(snap, policy.slo, applied, policy.min_requests_per_window)
+    diag = _with_model_violations(
+        diagnose(snap, policy.slo, applied, policy.min_requests_per_window), check, current, policy
+    )
     s = _with_peak(replace(state, calibration=cal.to_dict(), model_check=check), rate, now)
     if applied.same_as(state.last_good):
         s = replace(s, baseline=measure(snap, policy.slo, current.capacity_rps))
@@ -714,7 +716,14 @@ def _steady(
     strategy: Strategy = "Canary" if ctx.replicas >= 2 and ctx.rollout.canary else "Rolling"
     rate_ref = max(rate, s.peak_rate or 0.0)
     worth = worth_restart(
-        ctx, policy.rollout, strategy, current.capacity_rps, pred.capacity_rps, rate, rate_ref
+        ctx,
+        policy.rollout,
+        strategy,
+        current.capacity_rps,
+        pred.capacity_rps,
+        rate,
+        rate_ref,
+        miss_share(snap, policy.slo) if diag.violates_slo else 0.0,
     )
     if not worth.worth:
         text = f"{summary}; not worth the restart: {worth.text}"
@@ -737,6 +746,29 @@ def _steady(
         s, now, "rollout", text, knobs, (Event("Normal", reason, text),), diag, pred,
         predictions=seen,
     )  # fmt: skip
+
+
+def _with_model_violations(
+    diag: Diagnosis, check: ModelCheck, current: Prediction, policy: TuningPolicy
+) -> Diagnosis:
+    """A violation the histogram cannot confirm (the threshold inside a wide bucket) counts
+    when a trusted model predicts it at the measured load."""
+    if diag.violates_slo or diag.kind == "idle" or not check.trusted:
+        return diag
+    values = {"ttft": current.ttft_ms, "itl": current.itl_ms, "e2e": current.e2e_ms}
+    found = tuple(
+        (metric, values[metric], t.threshold_ms)
+        for metric, t in policy.slo.targets()
+        if values[metric] > t.threshold_ms
+    )
+    if not found:
+        return diag
+    text = "; ".join(
+        f"the model puts {m.upper()} at {v:.1f} ms > {thr:.0f} ms, which the histogram's "
+        "buckets cannot rule out"
+        for m, v, thr in found
+    )
+    return replace(diag, evidence=f"{diag.evidence}; {text}", violations=found)
 
 
 def _with_peak(state: TuningState, rate: float, now: datetime) -> TuningState:

@@ -69,9 +69,15 @@ def worth_restart(
     capacity_new: float,
     rate_now: float,
     rate_ref: float,
+    miss_share: float = 0.0,
 ) -> Worth:
+    """`miss_share`: the share of requests the window confirms over an SLO threshold now (0
+    when the SLO is met). A measured violation is a gain to win whatever the model thinks the
+    current knobs can do: the requests missing the SLO now, if the candidate fixes them."""
     keep = keep_time_s(rules)
     gain = gain_requests(capacity_now, capacity_new, rate_ref, ctx.replicas, keep)
+    if miss_share > 0 and capacity_new >= rate_now:
+        gain = max(gain, rate_now * miss_share * max(1, ctx.replicas) * keep)
     cost = cost_requests(ctx, strategy, rate_now)
     n = restarts(ctx, strategy)
     how = (
