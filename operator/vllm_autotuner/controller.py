@@ -33,22 +33,37 @@ from vllm_autotuner.core.search_memo import SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.starting_point import StartingPoint, starting_knobs
 from vllm_autotuner.core.status import ChildState, compute_status, readiness, status_patch
+from vllm_autotuner.core.topology import Topology, canary_running, topology
 from vllm_autotuner.core.tuning_inputs import (
     deployment_context,
     deployment_knobs,
+    observed_load_time,
     observed_summary,
     pod_health,
     ready_since,
     strip_none,
     tuning_policy,
 )
-from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs, TuningState
+from vllm_autotuner.core.tuning_types import (
+    SLO,
+    DeploymentContext,
+    Knobs,
+    TuningPolicy,
+    TuningState,
+)
 from vllm_autotuner.observer import Observer
 
 log = logging.getLogger(__name__)
 
 # How long our own apply's answer stands in for a child the watch has not delivered yet.
 APPLIED_GRACE_S = 10.0
+# The children a VLLMDeployment owns, by the names the reconcile gives them.
+CHILD_KINDS = ("Deployment", "Service", "Canary")
+
+
+def canary_key(key: tuple[str, str]) -> tuple[str, str]:
+    """The observer's key for a deployment's canary pod (a name no object can have)."""
+    return (key[0], key[1] + "/canary")
 
 
 @dataclass(frozen=True)
@@ -113,7 +128,7 @@ class Controller:
 
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
-        for kind in ("Deployment", "Service"):
+        for kind in CHILD_KINDS:
             self._applied.pop((namespace, name, kind), None)
         self._models.pop((namespace, name), None)
         self._searches.pop((namespace, name), None)
@@ -131,8 +146,9 @@ class Controller:
         children: Mapping[str, Mapping[str, Any] | None],
         pods: Sequence[Mapping[str, Any]] = (),
     ) -> Outcome:
-        """`children` maps kind ("Deployment", "Service") to the live child, or None; `pods`
-        are the live pods of the deployment (any revision)."""
+        """`children` maps kind ("Deployment", "Service", and "Canary" for the canary
+        Deployment) to the live child, or None; `pods` are the live pods of the deployment
+        (any revision, canary included)."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         async with self.lock(namespace, name):
@@ -233,10 +249,14 @@ class Controller:
         outcome.events.extend(metrics_transition(previous, tuned.updates))
 
         owner = render.Owner(name=name, namespace=namespace, uid=str(meta["uid"]))
+        topo = tuned.topology or Topology(knobs, spec.replicas)
         desired = {
-            "Deployment": render.render_deployment(spec, knobs, owner),
+            "Deployment": render.render_deployment(spec, knobs, owner, topo.stable_replicas),
             "Service": render.render_service(spec, owner),
         }
+        if topo.canary is not None:
+            desired["Canary"] = render.render_canary(spec, topo.canary, owner)
+        await self._remove_canary(namespace, name, children.get("Canary"), desired, owner)
         for kind, manifest in desired.items():
             live = children.get(kind)
             if live is None or render.drifted(manifest, live):
@@ -277,6 +297,24 @@ class Controller:
         )
         return outcome
 
+    async def _remove_canary(
+        self,
+        namespace: str,
+        name: str,
+        live: Mapping[str, Any] | None,
+        desired: Mapping[str, Any],
+        owner: render.Owner,
+    ) -> None:
+        """Delete a canary Deployment of ours that the tuning state no longer calls for."""
+        if live is None or "Canary" in desired:
+            return
+        refs = (live.get("metadata") or {}).get("ownerReferences") or []
+        if not any(r.get("uid") == owner.uid and r.get("controller") for r in refs):
+            return
+        path = resource_path("apps/v1", "deployments", namespace, render.canary_name(name))
+        await self.kube.delete(path)
+        self._applied.pop((namespace, name, "Canary"), None)
+
     def child_deleted(self, namespace: str, name: str, kind: str) -> None:
         """The watch saw our child deleted: what we applied before no longer stands."""
         self._applied.pop((namespace, name, kind), None)
@@ -286,7 +324,7 @@ class Controller:
     ) -> dict[str, Mapping[str, Any] | None]:
         """Each child as the newest of the index's copy and our last apply's answer."""
         merged = dict(children)
-        for kind in ("Deployment", "Service"):
+        for kind in CHILD_KINDS:
             entry = self._applied.get((namespace, name, kind))
             if entry is None:
                 continue
@@ -340,7 +378,7 @@ class Controller:
                 ],
             )
         policy = tuning_policy(resolution, policy_spec)
-        ctx = deployment_context(spec)
+        ctx = deployment_context(spec, observed_load_time(pods))
         state = _state_from_status(previous_tuning) or TuningState.initial(start.knobs)
         adopted = adopt_unrecorded(state, live, policy, now)
         adoption: list[Event] = []
@@ -357,42 +395,34 @@ class Controller:
             )
         health = tuple(pod_health(p) for p in pods)
         snapshot = self.observer.latest(key, policy.evaluation_window_s)
+        canary_snapshot = (
+            self.observer.latest(canary_key(key), policy.evaluation_window_s)
+            if canary_running(state)
+            else None
+        )
         model = self.model_for(key, ctx)
-        observation = Observation(snapshot, health)
+        observation = Observation(snapshot, health, canary_snapshot)
         origin = start.knobs
         memo = self._searches.get(key)
-        if isinstance(model, AnalyticModel):
-            decision = decide(state, observation, policy, ctx, now, model, origin, memo)
-        else:  # simulation-backed models take CPU seconds: keep the event loop responsive
-            decision = await asyncio.to_thread(
-                decide, state, observation, policy, ctx, now, model, origin, memo
-            )
+        # A calibration and a search take tens to hundreds of ms of CPU (the engine model
+        # seconds): off the event loop, so the other deployments' reconciles are not held up.
+        decision = await asyncio.to_thread(
+            decide, state, observation, policy, ctx, now, model, origin, memo
+        )
         if decision.search_memo is not None:
             self._searches[key] = decision.search_memo
         new = decision.new_state
         knobs = new.applied
         namespace, name = key
-        current = [h.name for h in health if h.ready and knobs.same_as(h.revision_knobs) and h.name]
-        self.observer.want(
-            SnapshotTarget(
-                namespace=namespace,
-                name=name,
-                pods=tuple(sorted(current)),
-                since=ready_since(pods, knobs),
-                knobs=knobs,
-                revision=render.knob_label(knobs),
-                window_s=policy.evaluation_window_s,
-                slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
-                model_name=spec.served_model_name or spec.model,
-            )
-        )
+        topo = topology(new, ctx)
+        self._want_snapshots(key, spec, policy, pods, topo)
         if self.metrics is not None:
             self.metrics.decisions.labels(namespace, name, decision.action).inc()
             if decision.action == "rollout":
                 self.metrics.rollouts.labels(namespace, name).inc()
             if decision.action == "rollback":
                 self.metrics.rollbacks.labels(namespace, name).inc()
-        in_trial = new.phase in ("RollingOut", "Verifying")
+        in_trial = new.phase in ("RollingOut", "Verifying", "Promoting")
         invalid = defect(snapshot, policy.slo.targets())
         if invalid is not None:
             # Present but unusable data is reported, and otherwise treated, as no data.
@@ -432,7 +462,49 @@ class Controller:
             events=[*adoption, *(Event(e.type, e.reason, e.message) for e in decision.events)],
             observed=observed_summary(snapshot, policy.slo, met) if snapshot.available else None,
             degraded=degraded,
+            topology=topo,
         )
+
+    def _want_snapshots(
+        self,
+        key: tuple[str, str],
+        spec: VLLMDeploymentSpec,
+        policy: TuningPolicy,
+        pods: Sequence[Mapping[str, Any]],
+        topo: Topology,
+    ) -> None:
+        """Ask the observer for the next window of the stable pods and, while a canary runs,
+        of the canary pod over the same window (the later of the two ready times)."""
+
+        def target(
+            track_key: tuple[str, str], knobs: Knobs, since: datetime | None
+        ) -> SnapshotTarget:
+            ready = sorted(
+                str(h.name)
+                for h in (pod_health(p) for p in pods)
+                if h.ready and knobs.same_as(h.revision_knobs) and h.name
+            )
+            return SnapshotTarget(
+                namespace=track_key[0],
+                name=track_key[1],
+                pods=tuple(ready),
+                since=since,
+                knobs=knobs,
+                revision=render.knob_label(knobs),
+                window_s=policy.evaluation_window_s,
+                slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
+                model_name=spec.served_model_name or spec.model,
+            )
+
+        since = ready_since(pods, topo.stable)
+        if topo.canary is None:
+            self.observer.forget(canary_key(key))
+            self.observer.want(target(key, topo.stable, since))
+            return
+        canary_since = ready_since(pods, topo.canary)
+        both = max((t for t in (since, canary_since) if t is not None), default=None)
+        self.observer.want(target(key, topo.stable, both))
+        self.observer.want(target(canary_key(key), topo.canary, both))
 
     def _resolve(
         self,
@@ -578,6 +650,8 @@ class Tuned:
     events: list[Event] = field(default_factory=list)
     observed: dict[str, Any] | None = None
     degraded: ConditionUpdate | None = None
+    # The Deployments to run (stable, and a canary while one runs); None: one of `knobs`.
+    topology: Topology | None = None
 
 
 def _state_from_status(raw: Mapping[str, Any]) -> TuningState | None:

@@ -34,6 +34,7 @@ from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.prometheus import PrometheusSource
 from vllm_autotuner.controller import Controller, Outcome, child_copy, policy_status_patch
 from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
+from vllm_autotuner.core.render import CANARY_SUFFIX, TRACK_LABEL
 from vllm_autotuner.core.tuning_types import DeploymentContext
 from vllm_autotuner.observer import Observer, SnapshotSource
 from vllm_autotuner.periodic import run_periodic
@@ -274,6 +275,7 @@ def build_registry(
                 children={
                     "Deployment": _first(indexes["deployment_index"], key),
                     "Service": _first(indexes["service_index"], key),
+                    "Canary": _first(indexes["deployment_index"], key + CANARY_SUFFIX),
                     **(known_children or {}),
                 },
                 pods=_all(indexes["pod_index"], key),
@@ -388,9 +390,11 @@ def build_registry(
             return
         # The event is fresher than the index: use it (a deleted child gets re-created).
         child = None if type == "DELETED" else dict(body)
+        is_canary = (body.get("metadata", {}).get("labels") or {}).get(TRACK_LABEL) == "canary"
+        kind = "Canary" if is_canary else "Deployment"
         if child is None:
-            controller.child_deleted(namespace, owners[0]["name"], "Deployment")
-        await run_reconcile(owner, kwargs, {"Deployment": child})
+            controller.child_deleted(namespace, owners[0]["name"], kind)
+        await run_reconcile(owner, kwargs, {kind: child})
 
     return registry, controller
 

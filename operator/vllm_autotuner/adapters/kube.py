@@ -165,6 +165,14 @@ class KubeClient:
         )
         return dict(result)
 
+    async def delete(self, path: str) -> bool:
+        """Delete an object, letting the garbage collector take what it owns (False: gone)."""
+        try:
+            await self.request("DELETE", path, body={"propagationPolicy": "Background"})
+        except NotFound:
+            return False
+        return True
+
     async def merge_patch(
         self, path: str, body: dict[str, Any], *, subresource: str | None = None
     ) -> dict[str, Any]:

@@ -62,13 +62,18 @@ def misses(snapshot: Snapshot, metric: str, target: SLOTarget) -> Misses | None:
 
 
 def miss_share(snapshot: Snapshot, slo: SLO) -> float:
-    """The largest share of requests the window certainly has over a target's threshold
-    beyond what the target allows (0 when every target may be met)."""
+    """The largest share of requests the window certainly has over a target's threshold (0
+    when none is certain). Without bucket counts, a percentile over its threshold still says
+    that at least the percentile's complement misses."""
     worst = 0.0
     for metric, target in slo.targets():
         m = misses(snapshot, metric, target)
         if m is not None:
-            worst = max(worst, m.low - (1.0 - target.percentile / 100.0))
+            worst = max(worst, m.low)
+            continue
+        value = snapshot.latency(metric).at(target.percentile)
+        if value is not None and value > target.threshold_ms:
+            worst = max(worst, 1.0 - target.percentile / 100.0)
     return worst
 
 

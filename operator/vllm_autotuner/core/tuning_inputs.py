@@ -217,6 +217,26 @@ def ready_since(pods: Sequence[Mapping[str, Any]], knobs: Knobs) -> datetime | N
     return latest
 
 
+def observed_load_time(pods: Sequence[Mapping[str, Any]]) -> float | None:
+    """How long the deployment's pods took from start to ready (the longest seen now): what
+    a restart costs in serving time. None when no ready pod says."""
+    longest: float | None = None
+    for pod in pods:
+        start = (pod.get("status") or {}).get("startTime")
+        cond = _condition(pod, "Ready") or {}
+        if not start or cond.get("status") != "True" or not cond.get("lastTransitionTime"):
+            continue
+        try:
+            began = datetime.fromisoformat(str(start).replace("Z", "+00:00"))
+            ready = datetime.fromisoformat(str(cond["lastTransitionTime"]).replace("Z", "+00:00"))
+        except ValueError:
+            continue
+        took = (ready - began).total_seconds()
+        if took > 0 and (longest is None or took > longest):
+            longest = took
+    return longest
+
+
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
