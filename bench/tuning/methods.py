@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import numpy as np
 from scipy.optimize import minimize
@@ -507,6 +508,12 @@ def prefix(tuning: Tuning, n: int, name: str) -> Tuning:
 # ---------------------------------------------------------------------------------- ours
 
 
+class TrueCapacity(Protocol):
+    """What holds the model to the truth: `Truth.capacity` (cached)."""
+
+    def capacity(self, k: Knobs) -> float: ...
+
+
 @dataclass(frozen=True)
 class PredictionPoint:
     """The model's capacity for one knob setting at one decision, next to the ground truth.
@@ -595,7 +602,7 @@ def _predictions(
     pods: list[str],
     since: float | None,
     window_s: float,
-    truth: Truth | None,
+    truth: TrueCapacity | None,
 ) -> list[PredictionPoint]:
     """The model's predictions at this decision next to the ground truth (cached)."""
     if not decision.predictions:
@@ -627,7 +634,7 @@ def run_ours(
     world: World,
     model_kind: str,
     progress: Callable[[str], None],
-    truth: Truth | None = None,
+    truth: TrueCapacity | None = None,
 ) -> tuple[Tuning, OursTrace, int]:
     """The operator's loop: every reconcile, the snapshots through the Prometheus adapter's own
     code (PrometheusSource's cycle over a SimTransport), pod health, then decide(), then the
