@@ -54,16 +54,20 @@ def old_and_new(w: World) -> tuple[list[Any], list[Any]]:
 # ------------------------------------------------------------------------------------ drain
 
 
-def test_drain_finishes_in_flight_requests_within_the_timeout() -> None:
-    # Long outputs (reasoning: ~1500 tokens, tens of seconds each): a pod always has requests
-    # in flight when it is told to go, and a 120 s drain is long enough for all of them.
-    s = scenario(
-        {"shutdown_timeout_s": 120, "pre_stop_s": 5},
-        workload={"preset": "reasoning", "rate": 0.5},
-    )
-    w = World(s, A)
+def rolled_at_300(rollout: dict[str, Any]) -> tuple[World, dict[str, int]]:
+    """Long outputs (reasoning: ~1500 tokens, tens of seconds each), so that a pod always has
+    requests in flight when it is told to go; a rollout to B at t = 300 s. Also the requests
+    each pod had in flight then."""
+    w = World(scenario(rollout, workload={"preset": "reasoning", "rate": 0.5}), A)
     w.advance_to(300)
+    in_flight = {p.name: len(p.in_flight) for p in w.pods}
     w.apply(B)
+    return w, in_flight
+
+
+def test_drain_finishes_in_flight_requests_within_the_timeout() -> None:
+    # A 120 s drain is long enough for every request in flight.
+    w, _ = rolled_at_300({"shutdown_timeout_s": 120, "pre_stop_s": 5})
     w.advance_to(900)
     old, new = old_and_new(w)
     assert len(old) == 2 and len(new) == 2
@@ -78,14 +82,7 @@ def test_drain_finishes_in_flight_requests_within_the_timeout() -> None:
 
 
 def test_drain_aborts_what_is_left_at_the_deadline() -> None:
-    s = scenario(
-        {"shutdown_timeout_s": 3, "pre_stop_s": 2},
-        workload={"preset": "reasoning", "rate": 0.5},
-    )
-    w = World(s, A)
-    w.advance_to(300)
-    in_flight = {p.name: len(p.in_flight) for p in w.pods}
-    w.apply(B)
+    w, in_flight = rolled_at_300({"shutdown_timeout_s": 3, "pre_stop_s": 2})
     w.advance_to(900)
     old, _ = old_and_new(w)
     for pod in old:
@@ -100,14 +97,7 @@ def test_drain_aborts_what_is_left_at_the_deadline() -> None:
 
 
 def test_timeout_zero_aborts_every_request_in_flight_at_once() -> None:
-    s = scenario(
-        {"shutdown_timeout_s": 0, "pre_stop_s": 0},
-        workload={"preset": "reasoning", "rate": 0.5},
-    )
-    w = World(s, A)
-    w.advance_to(300)
-    in_flight = {p.name: len(p.in_flight) for p in w.pods}
-    w.apply(B)
+    w, in_flight = rolled_at_300({"shutdown_timeout_s": 0, "pre_stop_s": 0})
     w.advance_to(300.001)
     (gone,) = [p for p in w.all_pods.values() if p.ended_at is not None]
     assert gone.ended_at == pytest.approx(300.0)
