@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.tuning.report import table, verdict, write
+from bench.tuning.report import accuracy, table, verdict, write
 from bench.tuning.runner import ALL_METHODS, QUICK_METHODS, run_scenario
 
 
@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     path = write(results, Path(a.out))
     print(table(results))
     for line in verdict(results):
+        print(f"- {line}")
+    print("\nThe model's capacity at decision points:")
+    for line in accuracy(results):
         print(f"- {line}")
     print(f"\n{path} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
     return 0

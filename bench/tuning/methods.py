@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import numpy as np
 from scipy.optimize import minimize
@@ -46,12 +47,19 @@ from bench.tuning.truth import (
 from bench.tuning.world import NAMESPACE, World, revision
 from vllm_autotuner.adapters.prometheus import PrometheusSource
 from vllm_autotuner.adapters.promql import SnapshotTarget
-from vllm_autotuner.core.decide import decide
+from vllm_autotuner.core.decide import Decision, decide
 from vllm_autotuner.core.knob_defaults import default_knobs
 from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
 from vllm_autotuner.core.search_memo import SearchMemo
-from vllm_autotuner.core.snapshot import Observation
-from vllm_autotuner.core.tuning_types import Bounds, DeploymentContext, Knobs, TuningState
+from vllm_autotuner.core.snapshot import Observation, Snapshot
+from vllm_autotuner.core.topology import canary_running, topology
+from vllm_autotuner.core.tuning_types import (
+    Bounds,
+    DeploymentContext,
+    Knobs,
+    TuningPolicy,
+    TuningState,
+)
 from vllm_sim.catalog import load_gpu
 from vllm_sim.engine import Engine
 from vllm_sim.types import EngineCrashed
@@ -96,6 +104,7 @@ def context(s: Scenario) -> DeploymentContext:
         tensor_parallel_size=s.tensor_parallel_size,
         max_model_len=s.max_model_len,
         replicas=s.replicas,
+        rollout=s.rollout,
     )
 
 
@@ -105,6 +114,28 @@ def clamp(k: Knobs, b: Bounds) -> Knobs:
         int(min(max(k.max_num_seqs, b.mns.min), b.mns.max)),
         round(min(max(k.gpu_memory_utilization, b.gmu.min), b.gmu.max), 3),
     )
+
+
+def vllm_refuses(k: Knobs) -> str | None:
+    """Why vLLM would refuse to start with these knobs whatever the GPU, or None.
+
+    vLLM's start-up checks on these three knobs (vllm.config: SchedulerConfig and CacheConfig
+    validation): max_num_batched_tokens >= max_num_seqs; both >= 1; gpu_memory_utilization in
+    (0, 1]. (max_num_batched_tokens >= max_model_len applies only with chunked prefill off,
+    which these deployments never turn off.) A failure that depends on memory (weights or the
+    KV cache for one max_model_len sequence not fitting) is a hidden constraint: a tuner learns
+    it by trying, so it is not filtered here.
+    """
+    if k.max_num_seqs < 1 or k.max_num_batched_tokens < 1:
+        return "max_num_seqs and max_num_batched_tokens must be >= 1"
+    if k.max_num_batched_tokens < k.max_num_seqs:
+        return (
+            f"max_num_batched_tokens ({k.max_num_batched_tokens}) must be greater than or "
+            f"equal to max_num_seqs ({k.max_num_seqs})"
+        )
+    if not 0.0 < k.gpu_memory_utilization <= 1.0:
+        return f"gpu_memory_utilization must be in (0, 1], got {k.gpu_memory_utilization}"
+    return None
 
 
 def vllm_defaults(s: Scenario) -> Knobs:
@@ -281,13 +312,29 @@ def auto_tune(s: Scenario, progress: Callable[[str], None]) -> Tuning:
 # ----------------------------------------------------------------------- random and BO
 
 
-BENCH_REQUESTS = 500  # per benchmark run of a search trial (SCOOT: 1000 at a fixed rate)
+def startable(space: Space, rng: np.random.Generator) -> Knobs:
+    """A uniform draw from the part of the space vLLM accepts at start-up (rejection
+    sampling: no trial is spent on a configuration vLLM refuses outright)."""
+    for _ in range(10_000):
+        k = space.knobs(rng.random(3))
+        if vllm_refuses(k) is None:
+            return k
+    raise ValueError(f"no configuration inside {space.b} passes vLLM's start-up checks")
+
+
+def startable_units(space: Space, units: np.ndarray) -> np.ndarray:
+    """The candidate points (rows in [0, 1]^3) whose knobs vLLM accepts at start-up."""
+    keep = [vllm_refuses(space.knobs(u)) is None for u in units]
+    out: np.ndarray = units[np.asarray(keep, dtype=bool)]
+    return out
 
 
 def _trial(
     s: Scenario, truth: Truth, k: Knobs, seed: int, guess: float
 ) -> tuple[float | None, bool, float]:
-    bench = truth.benchmark(k, seed, BENCH_REQUESTS, guess)
+    """One trial: a server restart and a capacity benchmark of time-sized runs
+    (truth.BenchPlan)."""
+    bench = truth.benchmark(k, seed, guess)
     seconds = s.load_time_s + bench.seconds
     if not bench.started or bench.crashed:
         return None, True, seconds
@@ -304,7 +351,7 @@ def random_search(
     out = Tuning("random", vllm_defaults(s))
     guess = max(0.5, s.peak_rate_per_replica())
     for i in range(n):
-        k = space.knobs(rng.random(3))
+        k = startable(space, rng)
         value, failed, secs = _trial(s, truth, k, seed * 100 + i, guess)
         t += secs
         out.trial_crashes += int(failed)
@@ -401,9 +448,11 @@ def bayes_opt(
         if i == 0:
             k = out.final  # SCOOT's reference point: the default configuration
         elif i < n_init:
-            k = space.knobs(rng.random(3))
+            k = startable(space, rng)
         else:
-            cand = rng.random((2000, 3))
+            cand = startable_units(space, rng.random((2000, 3)))
+            if len(cand) == 0:
+                cand = np.array([space.unit(startable(space, rng))])
             x = np.array(xs)
             ok = np.array([0.0 if y is None else 1.0 for y in ys])
             feas = np.ones(len(cand))
@@ -459,11 +508,125 @@ def prefix(tuning: Tuning, n: int, name: str) -> Tuning:
 # ---------------------------------------------------------------------------------- ours
 
 
+class TrueCapacity(Protocol):
+    """What holds the model to the truth: `Truth.capacity` (cached)."""
+
+    def capacity(self, k: Knobs) -> float: ...
+
+
+@dataclass(frozen=True)
+class PredictionPoint:
+    """The model's capacity for one knob setting at one decision, next to the ground truth.
+
+    `role`: "applied" (what runs on the stable pods) or "proposed". `observed_rate`: finished
+    requests per second per pod in the decision's window, as the tuner saw it (Prometheus);
+    `arrival_rate`: requests per second per pod the Service sent to those pods in the same
+    window (ground truth). `overloaded`: that arrival rate was above the true capacity of the
+    applied knobs, i.e. the window was past saturation.
+    """
+
+    t: float
+    role: str
+    knobs: Knobs
+    predicted: float
+    true: float | None
+    observed_rate: float
+    arrival_rate: float
+    overloaded: bool | None
+
+    def error(self) -> float | None:
+        """predicted / true - 1 (None when the truth is 0 or unknown)."""
+        if self.true is None or self.true <= 0:
+            return None
+        return self.predicted / self.true - 1.0
+
+
 @dataclass
 class OursTrace:
     times: list[float] = field(default_factory=list)
     knobs: list[Knobs] = field(default_factory=list)
     actions: list[tuple[float, str, str]] = field(default_factory=list)
+    # Per reconcile: the phase and the candidate on the canary pod (None outside a canary).
+    phases: list[str] = field(default_factory=list)
+    canary: list[Knobs | None] = field(default_factory=list)
+    predictions: list[PredictionPoint] = field(default_factory=list)
+
+
+def _target(
+    s: Scenario, policy: TuningPolicy, name: str, knobs: Knobs, pods: list[str], since: float | None
+) -> SnapshotTarget:
+    return SnapshotTarget(
+        namespace=NAMESPACE,
+        name=name,
+        pods=tuple(pods),
+        since=None if since is None else EPOCH + timedelta(seconds=since),
+        knobs=knobs,
+        revision=revision(knobs),
+        window_s=policy.evaluation_window_s,
+        slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
+        model_name=s.model,
+    )
+
+
+def _observe(
+    s: Scenario,
+    world: World,
+    state: TuningState,
+    policy: TuningPolicy,
+    snapshots: Callable[[list[SnapshotTarget]], dict[tuple[str, str], Snapshot]],
+) -> tuple[Observation, list[str], float | None]:
+    """What the operator observes at this reconcile: one snapshot of the pods running the
+    applied knobs or, during a canary, the stable pods and the canary pod over the same window
+    (since the later of the two sets became ready). Also the stable pods and their `since`."""
+    applied = state.applied
+    if not canary_running(state):
+        pods, since = world.ready_pods(applied)
+        target = _target(s, policy, "bench", applied, pods, since)
+        return Observation(snapshots([target])[target.key], world.pod_health()), pods, since
+    assert state.candidate is not None
+    pods, s_since = world.ready_pods(applied, "stable")
+    c_pods, c_since = world.ready_pods(state.candidate, "canary")
+    known = [x for x in (s_since, c_since) if x is not None]
+    since = max(known) if known else None
+    stable = _target(s, policy, "bench", applied, pods, since)
+    canary = _target(s, policy, "bench-canary", state.candidate, c_pods, since)
+    snaps = snapshots([stable, canary])
+    obs = Observation(snaps[stable.key], world.pod_health(), canary=snaps[canary.key])
+    return obs, pods, since
+
+
+def _predictions(
+    decision: Decision,
+    snap: Snapshot,
+    world: World,
+    pods: list[str],
+    since: float | None,
+    window_s: float,
+    truth: TrueCapacity | None,
+) -> list[PredictionPoint]:
+    """The model's predictions at this decision next to the ground truth (cached)."""
+    if not decision.predictions:
+        return []
+    t = world.t
+    start = t - window_s if since is None else max(since, t - window_s)
+    arrival = world.arrival_rate(pods, start, t)
+    observed = snap.per_pod_rate() if snap.available else 0.0
+    applied_true = None if truth is None else truth.capacity(decision.predictions[0][0])
+    out = []
+    for i, (knobs, pred) in enumerate(decision.predictions):
+        out.append(
+            PredictionPoint(
+                t=t,
+                role="applied" if i == 0 else "proposed",
+                knobs=knobs,
+                predicted=pred.capacity_rps,
+                true=None if truth is None else truth.capacity(knobs),
+                observed_rate=observed,
+                arrival_rate=arrival,
+                overloaded=None if applied_true is None else arrival > applied_true,
+            )
+        )
+    return out
 
 
 def run_ours(
@@ -471,9 +634,12 @@ def run_ours(
     world: World,
     model_kind: str,
     progress: Callable[[str], None],
+    truth: TrueCapacity | None = None,
 ) -> tuple[Tuning, OursTrace, int]:
-    """The operator's loop: every reconcile, one Snapshot through the Prometheus adapter's own
-    code (PrometheusSource's cycle over a SimTransport), pod health, then decide()."""
+    """The operator's loop: every reconcile, the snapshots through the Prometheus adapter's own
+    code (PrometheusSource's cycle over a SimTransport), pod health, then decide(), then the
+    Deployments its state calls for (`core.topology`) applied to the world. With `truth`, the
+    model's predictions at each decision are recorded next to the ground truth's capacity."""
     policy = s.policy("Auto")
     ctx = context(s)
     model: PerformanceModel = (
@@ -496,41 +662,36 @@ def run_ours(
             t = min(t + RECONCILE_S, world.horizon)
             world.advance_to(t)
             now = EPOCH + timedelta(seconds=t)
-            applied = state.applied
-            pods, since = world.ready_pods(applied)
-            target = SnapshotTarget(
-                namespace=NAMESPACE,
-                name="bench",
-                pods=tuple(pods),
-                since=None if since is None else EPOCH + timedelta(seconds=since),
-                knobs=applied,
-                revision=revision(applied),
-                window_s=policy.evaluation_window_s,
-                slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
-                model_name=s.model,
-            )
-            snaps = loop.run_until_complete(source._cycle(transport, [target], now))
-            snap = snaps[target.key]
-            obs = Observation(snap, world.pod_health())
+
+            def snapshots(
+                targets: list[SnapshotTarget], now: datetime = now
+            ) -> dict[tuple[str, str], Snapshot]:
+                return loop.run_until_complete(source._cycle(transport, targets, now))
+
+            obs, pods, since = _observe(s, world, state, policy, snapshots)
             # As the controller does: the last search stands until there is new evidence.
             decision = decide(state, obs, policy, ctx, now, model, memo=memo)
+            trace.predictions += _predictions(
+                decision, obs.snapshot, world, pods, since, policy.evaluation_window_s, truth
+            )
             memo = decision.search_memo or memo
             state = decision.new_state
             trace.times.append(t)
             trace.knobs.append(state.applied)
+            trace.phases.append(state.phase)
+            trace.canary.append(state.candidate if canary_running(state) else None)
             if decision.action not in ("hold", "verify"):
                 trace.actions.append((t, decision.action, decision.reason))
                 progress(f"ours t={t / 60:.0f}m {decision.action}: {decision.reason[:110]}")
             if decision.action == "rollout":
-                pending = state.applied
+                pending = state.candidate or state.applied
             if decision.action in ("commit", "rollback") and pending is not None:
                 rollbacks += int(decision.action == "rollback")
                 failed = decision.action == "rollback" and world.crashes > crashes_seen
                 n = len(out.trials) + 1
                 out.trials.append(TrialPoint(n, pending, t, None, failed, state.last_good))
                 pending, crashes_seen = None, world.crashes
-            if decision.knobs_to_apply is not None:
-                world.apply(decision.knobs_to_apply)
+            world.apply_topology(topology(state, ctx))
     finally:
         loop.close()
     if pending is not None:  # a trial still running at the horizon counts as a trial

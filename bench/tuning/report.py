@@ -1,8 +1,12 @@
 """The benchmark's outputs: a markdown table, a JSON file and PNG plots.
 
-The table is read against the goal of issue 5: ours at 0.97 of the oracle or better on every
-scenario, within 4 rollouts at the median, with fewer SLO-violation minutes than any search
-baseline and no crash left standing. `verdict` says, goal by goal, whether the run met it.
+`verdict` says, goal by goal, whether the run met the goals (issues 5, 14 and 19): ours at
+0.97 of the oracle or better, within 3 rollouts at the median; no harm (goodput at least the
+defaults' and every search baseline's, at most 0.1 % of arrivals failed because of tuning);
+SLO-violation minutes no more than the defaults' and within 15 of `oracle-static` wherever the
+defaults violate, and fewer than any search baseline's; the model's capacity error at decision
+points at most 10 % at the median and 25 % at worst; no crash left standing. `accuracy` gives
+the model's capacity error per scenario, applied and proposed knobs apart.
 """
 
 from __future__ import annotations
@@ -25,12 +29,17 @@ def _knobs(d: dict[str, Any]) -> str:
     return f"{d['maxNumBatchedTokens']}/{d['maxNumSeqs']}/{d['gpuMemoryUtilization']:.2f}"
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100.0 * x:.0f}%"
+
+
 def table(results: Sequence[dict[str, Any]]) -> str:
     head = (
         "| scenario | method | final mnbt/mns/gmu | capacity ÷ oracle | goodput req/s | "
-        "trials | tuning min | SLO-violation min | rollbacks | crashes trials/live | "
-        "crash standing | failed req |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n"
+        "goodput ÷ defaults | trials | tuning min | SLO-violation min Prometheus/exact | "
+        "rollbacks | crashes trials/live | crash standing | failed req | "
+        "failed by tuning (% arrivals) |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n"
     )
     rows = []
     for r in results:
@@ -38,18 +47,82 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         grid = oracle.get("grid_size", "")
         rows.append(
             f"| {r['scenario']} | oracle | {_knobs(oracle['knobs'])} | 1.000 "
-            f"(= {oracle['capacity']:.2f} req/s/replica) | | {grid} (grid) | | | | | | |"
+            f"(= {oracle['capacity']:.2f} req/s/replica) | | | {grid} (grid) | | | | | | | |"
         )
         for name, v in r["methods"].items():
             ratio = "n/a" if v["ratio"] is None else f"{v['ratio']:.3f}"
+            vs = v.get("goodput_vs_defaults")
             rows.append(
                 f"| {r['scenario']} | {name} | {_knobs(v['final'])} | {ratio} | "
-                f"{v['goodput']:.2f} | {v['trials']} | {v['tuning_minutes']:.0f} | "
-                f"{v['violation_minutes']} | {v['rollbacks']} | "
+                f"{v['goodput']:.2f} | {'n/a' if vs is None else f'{vs:.3f}'} | "
+                f"{v['trials']} | {v['tuning_minutes']:.0f} | "
+                f"{v['violation_minutes']}/{v['violation_minutes_exact']} | {v['rollbacks']} | "
                 f"{v['trial_crashes']}/{v['live_crashes']} | "
-                f"{'yes' if v['crash_left_standing'] else 'no'} | {v['failed_requests']} |"
+                f"{'yes' if v['crash_left_standing'] else 'no'} | {v['failed_requests']} | "
+                f"{v['failed_tuning']} ({v['failed_tuning_pct']:.3f}%) |"
             )
     return head + "\n".join(rows) + "\n"
+
+
+def _errors(points: Sequence[dict[str, Any]]) -> list[float]:
+    return [abs(p["error"]) for p in points if p["error"] is not None]
+
+
+def _error_line(label: str, points: Sequence[dict[str, Any]]) -> str:
+    errs = _errors(points)
+    zero = sum(1 for p in points if p["true"] is not None and p["true"] <= 0)
+    over = [p for p in points if p["overloaded"]]
+    over_errs = _errors(over)
+    text = f"{label}: {len(points)} decisions"
+    if zero:
+        text += f" ({zero} with true capacity 0, left out)"
+    if not errs:
+        return text + ", no comparable prediction"
+    text += (
+        f", |predicted/true - 1| median {_pct(statistics.median(errs))}, worst {_pct(max(errs))}"
+    )
+    if over:
+        worst = _pct(max(over_errs)) if over_errs else "n/a"
+        med = _pct(statistics.median(over_errs)) if over_errs else "n/a"
+        text += f"; {len(over)} in overloaded windows: median {med}, worst {worst}"
+    return text
+
+
+def accuracy(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The model's capacity error at decision points, applied and proposed knobs apart,
+    per scenario and over all of them (overloaded windows included and counted)."""
+    lines = []
+    every: dict[str, list[dict[str, Any]]] = {"applied": [], "proposed": []}
+    for r in results:
+        preds = r.get("ours_trace", {}).get("predictions") or []
+        if "ours" not in r["methods"]:
+            continue
+        if not preds:
+            lines.append(
+                f"{r['scenario']}: no predictions recorded (decide() left Decision.predictions "
+                "empty)"
+            )
+            continue
+        for role in ("applied", "proposed"):
+            pts = [p for p in preds if p["role"] == role]
+            every[role] += pts
+            lines.append(_error_line(f"{r['scenario']} {role}", pts))
+    for role, pts in every.items():
+        if pts and len(results) > 1:
+            lines.append(_error_line(f"all scenarios {role}", pts))
+    return lines
+
+
+def _capacity_error(results: Sequence[dict[str, Any]]) -> tuple[float, float] | None:
+    preds = [p for r in results for p in (r.get("ours_trace", {}).get("predictions") or [])]
+    errs = _errors(preds)
+    if not errs:
+        return None
+    return statistics.median(errs), max(errs)
+
+
+def _met(problems: list[str]) -> str:
+    return "MET" if not problems else "NOT MET: " + "; ".join(problems)
 
 
 def verdict(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -60,32 +133,98 @@ def verdict(results: Sequence[dict[str, Any]]) -> list[str]:
     lines = []
     ratios = [(n, o["ratio"] or 0.0) for n, o, _ in ours]
     low = [f"{n} ({x:.3f})" for n, x in ratios if x < 0.97]
-    lines.append(
-        "capacity >= 0.97 of the oracle on every scenario: "
-        + ("MET" if not low else "NOT MET: " + ", ".join(low))
-    )
+    lines.append("capacity >= 0.97 of the oracle on every scenario: " + _met(low))
     trials = [o["trials"] for _, o, _ in ours]
     med = statistics.median(trials)
     lines.append(
-        f"median rollouts {med:g} (<= 4): {'MET' if med <= 4 else 'NOT MET'} (per scenario: "
+        f"median rollouts {med:g} (<= 3): {'MET' if med <= 3 else 'NOT MET'} (per scenario: "
         + ", ".join(str(t) for t in trials)
         + ")"
     )
-    worse = []
+    lines += _harm(ours)
+    lines += _violations(ours)
+    err = _capacity_error(results)
+    if err is None:
+        lines.append("model capacity error at decision points: NOT MEASURED (no predictions)")
+    else:
+        ok = err[0] <= 0.10 and err[1] <= 0.25
+        lines.append(
+            f"model capacity error at decision points median {_pct(err[0])} (<= 10%), worst "
+            f"{_pct(err[1])} (<= 25%): {'MET' if ok else 'NOT MET'}"
+        )
+    standing = [n for n, o, _ in ours if o["crash_left_standing"]]
+    lines.append("no crash left standing: " + _met(standing))
+    return lines
+
+
+def _harm(ours: Sequence[tuple[str, dict[str, Any], dict[str, Any]]]) -> list[str]:
+    below, beaten, failing = [], [], []
     for n, o, r in ours:
+        d = r["methods"].get("defaults")
+        if d is not None and o["goodput"] < d["goodput"]:
+            below.append(f"{n} ({o['goodput']:.2f} < {d['goodput']:.2f})")
         for b in SEARCH:
             v = r["methods"].get(b)
-            if v is not None and o["violation_minutes"] >= v["violation_minutes"]:
-                worse.append(f"{n}: {o['violation_minutes']} >= {b} {v['violation_minutes']}")
-    lines.append(
-        "fewer SLO-violation minutes than every search baseline: "
-        + ("MET" if not worse else "NOT MET: " + "; ".join(worse))
-    )
-    standing = [n for n, o, _ in ours if o["crash_left_standing"]]
-    lines.append(
-        "no crash left standing: " + ("MET" if not standing else "NOT MET: " + ", ".join(standing))
-    )
-    return lines
+            if v is not None and o["goodput"] < v["goodput"]:
+                beaten.append(f"{n}: {o['goodput']:.2f} < {b} {v['goodput']:.2f}")
+        if o["failed_tuning_pct"] > 0.1:
+            failing.append(f"{n} ({o['failed_tuning']} = {o['failed_tuning_pct']:.3f}%)")
+    return [
+        "ours' goodput >= the defaults' on every scenario: " + _met(below),
+        "ours' goodput >= every search baseline's: " + _met(beaten),
+        "requests failed because of tuning <= 0.1% of arrivals: " + _met(failing),
+    ]
+
+
+def _violation_problems(
+    ours: Sequence[tuple[str, dict[str, Any], dict[str, Any]]], key: str
+) -> tuple[list[str], list[str], list[str]]:
+    """(worse than the defaults, too far from oracle-static, worse than a search baseline)."""
+    worse, far, baseline = [], [], []
+    for n, o, r in ours:
+        d = r["methods"].get("defaults")
+        st = r["methods"].get("oracle-static")
+        if d is not None and o[key] > d[key]:
+            worse.append(f"{n} ({o[key]} > {d[key]})")
+        if d is not None and st is not None and d[key] > 0 and o[key] > st[key] + 15:
+            far.append(f"{n} ({o[key]} vs oracle-static {st[key]})")
+        for b in SEARCH:
+            v = r["methods"].get(b)
+            if v is not None and o[key] >= v[key]:
+                baseline.append(f"{n}: {o[key]} >= {b} {v[key]}")
+    return worse, far, baseline
+
+
+def _violations(ours: Sequence[tuple[str, dict[str, Any], dict[str, Any]]]) -> list[str]:
+    """Judged on the exact latencies (what users got); the Prometheus view is shown beside."""
+    worse, far, baseline = _violation_problems(ours, "violation_minutes_exact")
+    p_worse, p_far, p_baseline = _violation_problems(ours, "violation_minutes")
+
+    def both(exact: list[str], prom: list[str]) -> str:
+        return f"{_met(exact)} (as Prometheus shows them: {_met(prom)})"
+
+    return [
+        "SLO-violation minutes (exact) ours <= defaults: " + both(worse, p_worse),
+        "SLO-violation minutes (exact) within 15 of oracle-static where the defaults violate: "
+        + both(far, p_far),
+        "fewer SLO-violation minutes (exact) than every search baseline: "
+        + both(baseline, p_baseline),
+    ]
+
+
+def _spans(ts: Sequence[float], on: Sequence[bool]) -> list[tuple[float, float]]:
+    """Intervals of consecutive reconciles where `on` holds (in the units of `ts`)."""
+    spans: list[tuple[float, float]] = []
+    start: float | None = None
+    for i, (t, flag) in enumerate(zip(ts, on, strict=True)):
+        if flag and start is None:
+            start = ts[i - 1] if i > 0 else t
+        if not flag and start is not None:
+            spans.append((start, t))
+            start = None
+    if start is not None:
+        spans.append((start, ts[-1]))
+    return spans
 
 
 def plot_ours(r: dict[str, Any], path: Path) -> None:
@@ -93,25 +232,50 @@ def plot_ours(r: dict[str, Any], path: Path) -> None:
     if not tr["t"]:
         return
     t = [x / 60.0 for x in tr["t"]]
-    fig, axes = plt.subplots(4, 1, figsize=(9, 8), sharex=True)
+    fig, axes = plt.subplots(5, 1, figsize=(9, 10), sharex=True)
     keys = (
         ("maxNumBatchedTokens", "max_num_batched_tokens"),
         ("maxNumSeqs", "max_num_seqs"),
         ("gpuMemoryUtilization", "gpu_memory_utilization"),
     )
+    canary = tr.get("canary") or [None] * len(t)
+    spans = _spans(t, [c is not None for c in canary])
+    promoting = _spans(t, [p == "Promoting" for p in tr.get("phases") or [""] * len(t)])
+    color = {"rollout": "tab:blue", "rollback": "tab:red", "commit": "tab:green",
+             "promote": "tab:purple"}  # fmt: skip
     for ax, (key, label) in zip(axes[:3], keys, strict=True):
-        ax.step(t, [k[key] for k in tr["knobs"]], where="post")
+        ax.step(t, [k[key] for k in tr["knobs"]], where="post", label="stable")
+        ys = [None if c is None else c[key] for c in canary]
+        if any(y is not None for y in ys):
+            ax.step(t, [float("nan") if y is None else y for y in ys], where="post",
+                    color="tab:orange", label="canary")  # fmt: skip
         ax.set_ylabel(label, fontsize=8)
         for when, action, _ in tr["actions"]:
-            if action in ("rollout", "rollback", "commit"):
-                color = {"rollout": "tab:blue", "rollback": "tab:red", "commit": "tab:green"}
+            if action in color:
                 ax.axvline(when / 60.0, color=color[action], alpha=0.3, lw=1)
-    att = r["methods"]["ours"]["attainment_per_minute"] or []
+    for ax in axes:
+        for a, b in spans:
+            ax.axvspan(a, b, color="tab:orange", alpha=0.12, lw=0)
+        for a, b in promoting:
+            ax.axvspan(a, b, color="tab:purple", alpha=0.10, lw=0)
+    ours = r["methods"]["ours"]
+    att = ours["attainment_per_minute"] or []
     xs = [i + 1 for i, a in enumerate(att) if a is not None and a >= 0]
-    ys = [a for a in att if a is not None and a >= 0]
-    axes[3].plot(xs, ys, lw=0.8)
+    ys2 = [a for a in att if a is not None and a >= 0]
+    axes[3].plot(xs, ys2, lw=0.8)
     axes[3].set_ylabel("SLO attainment\n(1-min window)", fontsize=8)
-    axes[3].set_xlabel("minutes (applied knobs; blue rollout, green commit, red rollback)")
+    failed = ours.get("failed_per_minute") or []
+    tuning = ours.get("failed_tuning_per_minute") or []
+    minutes = [i + 1 for i in range(len(failed))]
+    axes[4].bar(minutes, failed, width=1.0, color="tab:gray", label="failed")
+    axes[4].bar(minutes, tuning, width=1.0, color="tab:red", label="failed because of tuning")
+    axes[4].set_ylabel("failed requests\nper minute", fontsize=8)
+    axes[4].legend(fontsize=7, loc="upper right")
+    axes[4].set_xlabel(
+        "minutes (blue rollout, purple promote, green commit, red rollback; orange band: "
+        "canary, purple band: promoting)",
+        fontsize=8,
+    )
     axes[0].set_title(f"{r['scenario']}: ours over time")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -147,6 +311,8 @@ def write(results: Sequence[dict[str, Any]], out: Path) -> Path:
     (out / "results.json").write_text(json.dumps(list(results), indent=1))
     md = ["# Tuning benchmark", "", table(results), "## Against the goal", ""]
     md += [f"- {line}" for line in verdict(results)]
+    md += ["", "## The model's capacity at decision points", ""]
+    md += [f"- {line}" for line in accuracy(results)]
     md.append("")
     for r in results:
         plot_ours(r, out / f"ours-{r['scenario']}.png")

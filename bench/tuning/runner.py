@@ -23,32 +23,67 @@ from bench.tuning.truth import Truth
 from bench.tuning.world import World
 from vllm_autotuner.core.tuning_types import Knobs
 
-ALL_METHODS = ("defaults", "auto_tune", "random30", "random50", "bo30", "bo50", "ours")
-QUICK_METHODS = ("defaults", "auto_tune", "random30", "bo30", "ours")
+ALL_METHODS = (
+    "defaults", "auto_tune", "random30", "random50", "bo30", "bo50", "ours", "oracle-static",
+)  # fmt: skip
+QUICK_METHODS = ("defaults", "auto_tune", "random30", "bo30", "ours", "oracle-static")
 
 
 @dataclass
 class Live:
+    """What the users of one live run saw (ground truth) and what Prometheus showed."""
+
     goodput: float
-    violation_minutes: int
+    arrivals: int
+    violation_minutes: int  # as Prometheus shows them (histogram_quantile)
+    violation_minutes_exact: int  # from exact latencies
     failed_requests: int
+    failed_tuning: int  # aborted by a rollout's drain or scale-down, or no ready pod in one
+    failed_crash: int
+    failed_rejected: int
     crashes: int
     replacements: int
     crash_left_standing: bool
     attainment: list[float] = field(default_factory=list)  # -1: no traffic that minute
+    failed_per_minute: list[int] = field(default_factory=list)
+    failed_tuning_per_minute: list[int] = field(default_factory=list)
 
 
 def live_stats(w: World) -> Live:
     view = w.minute_view()
+    causes = w.failed_by_cause()
+    n = len(view.violated)
     return Live(
         goodput=w.goodput(),
+        arrivals=w.arrivals(),
         violation_minutes=int(view.violated.sum()),
+        violation_minutes_exact=int(view.violated_exact.sum()),
         failed_requests=w.failed(),
+        failed_tuning=causes["tuning"],
+        failed_crash=causes["crash"],
+        failed_rejected=causes["rejected"],
         crashes=w.crashes,
         replacements=w.replacements,
         crash_left_standing=w.crash_left_standing(),
         attainment=[-1.0 if np.isnan(a) else round(float(a), 4) for a in view.attainment],
+        failed_per_minute=[int(x) for x in w.acc.failed[:n]],
+        failed_tuning_per_minute=[int(x) for x in w.acc.failed_tuning[:n]],
     )
+
+
+def _prediction(p: m.PredictionPoint) -> dict[str, Any]:
+    err = p.error()
+    return {
+        "t": p.t,
+        "role": p.role,
+        "knobs": _knobs(p.knobs),
+        "predicted": round(p.predicted, 4),
+        "true": None if p.true is None else round(p.true, 4),
+        "error": None if err is None else round(err, 4),
+        "observed_rate": round(p.observed_rate, 4),
+        "arrival_rate": round(p.arrival_rate, 4),
+        "overloaded": p.overloaded,
+    }
 
 
 def _knobs(k: Knobs) -> dict[str, Any]:
@@ -119,7 +154,7 @@ def run_scenario(
     rollbacks = 0
     if "ours" in methods:
         world = World(s, defaults, horizon)
-        tunings["ours"], trace, rollbacks = m.run_ours(s, world, model_kind, progress)
+        tunings["ours"], trace, rollbacks = m.run_ours(s, world, model_kind, progress, truth)
         lives["ours"] = live_stats(world)
         progress(f"ours: live run done ({len(tunings['ours'].trials)} trials)")
 
@@ -130,6 +165,13 @@ def run_scenario(
         cap = truth.capacity(tu.final)
         if cap > oracle_cap:
             oracle_k, oracle_cap = tu.final, cap
+    if "oracle-static" in methods:  # the best any tuner could do: the oracle from t = 0
+        static = World(s, oracle_k, horizon)
+        static.advance_to(horizon)
+        tunings["oracle-static"] = m.Tuning("oracle-static", oracle_k)
+        lives["oracle-static"] = live_stats(static)
+        progress(f"oracle-static: live run done ({oracle_k.describe()})")
+    base_goodput = lives["defaults"].goodput
     rows: dict[str, Any] = {}
     for name, tu in tunings.items():
         for tp in tu.trials:
@@ -141,14 +183,25 @@ def run_scenario(
             "capacity": round(cap, 3),
             "ratio": round(cap / oracle_cap, 4) if oracle_cap > 0 else None,
             "goodput": round(live.goodput, 3),
+            "goodput_vs_defaults": (
+                round(live.goodput / base_goodput, 4) if base_goodput > 0 else None
+            ),
+            "arrivals": live.arrivals,
             "trials": len(tu.trials),
             "tuning_minutes": round(tu.tuning_s / 60.0, 1),
             "violation_minutes": live.violation_minutes,
+            "violation_minutes_exact": live.violation_minutes_exact,
             "rollbacks": rollbacks if name == "ours" else 0,
             "trial_crashes": tu.trial_crashes,
             "live_crashes": live.crashes,
             "crash_left_standing": live.crash_left_standing,
             "failed_requests": live.failed_requests,
+            "failed_tuning": live.failed_tuning,
+            "failed_tuning_pct": (
+                round(100.0 * live.failed_tuning / live.arrivals, 4) if live.arrivals else 0.0
+            ),
+            "failed_crash": live.failed_crash,
+            "failed_rejected": live.failed_rejected,
             "restarts": live.replacements,
             "best_so_far": [[tp.index, round(tp.incumbent_truth, 3)] for tp in tu.trials],
             "trial_knobs": [
@@ -156,6 +209,8 @@ def run_scenario(
                 for tp in tu.trials
             ],
             "attainment_per_minute": live.attainment if name == "ours" else None,
+            "failed_per_minute": live.failed_per_minute if name == "ours" else None,
+            "failed_tuning_per_minute": live.failed_tuning_per_minute if name == "ours" else None,
         }
     truth.save()
     progress(f"done ({truth.evaluations} ground-truth evaluations)")
@@ -175,10 +230,20 @@ def run_scenario(
         },
         "defaults": _knobs(defaults),
         "methods": rows,
+        "rollout": {
+            "max_surge": s.rollout.max_surge,
+            "canary": s.rollout.canary,
+            "shutdown_timeout_s": s.rollout.shutdown_timeout_s,
+            "pre_stop_s": s.rollout.pre_stop_s,
+            "load_time_s": s.rollout.load_time_s,
+        },
         "ours_trace": {
             "t": trace.times,
             "knobs": [_knobs(k) for k in trace.knobs],
+            "phases": trace.phases,
+            "canary": [None if k is None else _knobs(k) for k in trace.canary],
             "actions": [[t, a, r] for t, a, r in trace.actions],
+            "predictions": [_prediction(p) for p in trace.predictions],
         },
         "seconds": round(time.monotonic() - started, 1),
     }

@@ -14,6 +14,12 @@ edit. Format (every key but `name`, `model` and `workload` has a default)::
     max_model_len: 8192
     replicas: 2                         # pods of the deployment (one engine each)
     load_time_s: 120                    # a restart: container start + model loading until ready
+    rollout:                            # how the cluster rolls a change out (RolloutSettings)
+      max_surge: 0                      #   extra pods (and GPUs) a rollout may add; the cluster
+                                        #   has replicas + max_surge GPUs
+      canary: true                      #   with 2+ replicas a candidate runs first on one pod
+      shutdown_timeout_s: 120           #   vLLM's --shutdown-timeout: drain of every restart
+      pre_stop_s: 5                     #   pre-stop delay before SIGTERM (pod already unrouted)
     horizon_s: 10800                    # virtual seconds of live traffic per method
     seed: 1
     workload:                           # vllm_sim WorkloadSpec dict (see vllm_sim.workload);
@@ -54,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +73,7 @@ from vllm_autotuner.core.tuning_types import (
     Bounds,
     KnobBounds,
     RolloutRules,
+    RolloutSettings,
     SLOTarget,
     TuningPolicy,
 )
@@ -76,7 +84,9 @@ from vllm_sim.workload import WorkloadSpec
 _KNOWN = {
     "name", "description", "model", "gpu", "tensor_parallel_size", "max_model_len", "replicas",
     "load_time_s", "horizon_s", "seed", "workload", "slo", "bounds", "policy", "reality", "truth",
+    "rollout",
 }  # fmt: skip
+_ROLLOUT_KEYS = ("max_surge", "canary", "shutdown_timeout_s", "pre_stop_s")
 _POLICY_DEFAULTS: dict[str, float] = {
     "evaluation_window_s": 300.0,
     "verify_window_s": 600.0,
@@ -107,6 +117,45 @@ def _bounds(raw: Mapping[str, Any]) -> Bounds:
         mnbt=one("max_num_batched_tokens", 256, 16384, 8192),
         mns=one("max_num_seqs", 16, 1024, 512),
         gmu=one("gpu_memory_utilization", 0.8, 0.95, 0.05),
+    )
+
+
+def _number(section: str, key: str, value: Any) -> float:
+    """A finite, non-negative number, or a ValueError naming the key."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{section}.{key} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{section}.{key} must be finite and >= 0, got {value!r}")
+    return float(value)
+
+
+def _rollout(raw: Any, load_time_s: float) -> RolloutSettings:
+    """The `rollout:` section as the operator's RolloutSettings (load time from the top level)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"rollout must be a mapping of {', '.join(_ROLLOUT_KEYS)}, got {raw!r}")
+    unknown = set(raw) - set(_ROLLOUT_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown rollout keys: {sorted(unknown)} (known: {', '.join(_ROLLOUT_KEYS)}; "
+            "load_time_s is a top-level key)"
+        )
+    d = RolloutSettings()
+    surge = raw.get("max_surge", d.max_surge)
+    if isinstance(surge, bool) or not isinstance(surge, int) or surge < 0:
+        raise ValueError(f"rollout.max_surge must be a whole number of pods >= 0, got {surge!r}")
+    canary = raw.get("canary", d.canary)
+    if not isinstance(canary, bool):
+        raise ValueError(f"rollout.canary must be true or false, got {canary!r}")
+    return RolloutSettings(
+        max_surge=surge,
+        canary=canary,
+        shutdown_timeout_s=_number(
+            "rollout", "shutdown_timeout_s", raw.get("shutdown_timeout_s", d.shutdown_timeout_s)
+        ),
+        pre_stop_s=_number("rollout", "pre_stop_s", raw.get("pre_stop_s", d.pre_stop_s)),
+        load_time_s=load_time_s,
     )
 
 
@@ -142,6 +191,7 @@ class Scenario:
     bounds: Bounds
     policy_raw: Mapping[str, float]
     reality: Reality
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
     truth_requests: int = 1000
     truth_seed: int = 11
     description: str = ""
@@ -230,6 +280,10 @@ def parse(raw: Mapping[str, Any], key: str = "") -> Scenario:
     if not key:
         key = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
     mml = raw.get("max_model_len")
+    load_time_s = _number("scenario", "load_time_s", raw.get("load_time_s", 120.0))
+    replicas = raw.get("replicas", 2)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be a whole number >= 1, got {replicas!r}")
     return Scenario(
         name=str(raw["name"]),
         description=str(raw.get("description", "")),
@@ -237,8 +291,8 @@ def parse(raw: Mapping[str, Any], key: str = "") -> Scenario:
         gpu=str(raw.get("gpu", "H100")),
         tensor_parallel_size=int(raw.get("tensor_parallel_size", 1)),
         max_model_len=None if mml is None else int(mml),
-        replicas=int(raw.get("replicas", 2)),
-        load_time_s=float(raw.get("load_time_s", 120.0)),
+        replicas=replicas,
+        load_time_s=load_time_s,
         horizon_s=float(raw.get("horizon_s", 10800.0)),
         seed=int(raw.get("seed", 1)),
         workload=workload,
@@ -246,6 +300,7 @@ def parse(raw: Mapping[str, Any], key: str = "") -> Scenario:
         bounds=_bounds(raw.get("bounds") or {}),
         policy_raw={k: float(v) for k, v in (raw.get("policy") or {}).items()},
         reality=Reality(**(raw.get("reality") or {})),
+        rollout=_rollout(raw.get("rollout"), load_time_s),
         truth_requests=int(truth.get("requests", 1000)),
         truth_seed=int(truth.get("seed", 11)),
         key=key,

@@ -8,8 +8,10 @@ or that the reality's run-time OOM hazard would kill has capacity 0: it cannot s
 
 Evaluations are cached on disk under bench/.cache/, keyed by the scenario file's content hash
 and the knobs, because the oracle grid and the report ask for the same points again and again.
-The search baselines use `benchmark_capacity`: the same measurement, shorter and with their own
-seeds (a real benchmark is noisy), and a run-time crash during it is a failed trial.
+The search baselines use `benchmark_capacity`: the same rate search, with their own seeds and
+5 % precision (a real benchmark is noisy), each rate judged by one run sized by time
+(`BenchPlan`: a warm-up and a measured window of several expected request latencies, so that
+long outputs reach steady state); a run-time crash during it is a failed trial.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +28,7 @@ import numpy as np
 from bench.tuning.scenario import Scenario
 from vllm_autotuner.core.tuning_types import Knobs
 from vllm_sim.engine import Engine
-from vllm_sim.types import EngineConfig, EngineCrashed, RequestRecord, StartupError
+from vllm_sim.types import EngineConfig, EngineCrashed, Request, RequestRecord, StartupError
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 WARMUP_FRACTION = 0.1
@@ -71,16 +74,31 @@ class Verdict:
     meets: bool
     ratio: float  # worst measured/threshold over the SLO targets (> 1: missed)
     crashed: bool = False
+    seconds: float = 0.0  # virtual time the run took (first arrival to the end of the run)
 
 
-def judge(s: Scenario, records: list[RequestRecord]) -> Verdict:
+def _judged(
+    records: list[RequestRecord], window: tuple[float, float] | None
+) -> list[RequestRecord]:
+    """The finished requests a verdict is about: those that arrived inside `window`, or by
+    default after the first 10 % of the run (warm-up)."""
     done = [r for r in records if r.finish_reason not in ("abort", "error")]
-    if not done:
+    if not done or window is None:
+        if not done:
+            return []
+        t0 = min(r.arrival_time for r in done)
+        t1 = max(r.arrival_time for r in done)
+        window = (t0 + WARMUP_FRACTION * (t1 - t0), math.inf)
+    lo, hi = window
+    return [r for r in done if lo <= r.arrival_time < hi] or done
+
+
+def judge(
+    s: Scenario, records: list[RequestRecord], window: tuple[float, float] | None = None
+) -> Verdict:
+    judged = _judged(records, window)
+    if not judged:
         return Verdict(False, math.inf)
-    t0 = min(r.arrival_time for r in done)
-    t1 = max(r.arrival_time for r in done)
-    cut = t0 + WARMUP_FRACTION * (t1 - t0)
-    judged = [r for r in done if r.arrival_time >= cut] or done
     worst = 0.0
     for metric, target in s.slo.targets():
         if metric == "ttft":
@@ -96,18 +114,33 @@ def judge(s: Scenario, records: list[RequestRecord]) -> Verdict:
 
 
 def run_at(s: Scenario, k: Knobs, rate: float, requests: int, seed: int) -> Verdict:
-    """One seeded run of `requests` at a constant Poisson `rate` on one engine.
-
-    It stops early once the verdict is certain: when more judged requests (or, for ITL,
-    token gaps) already exceed a threshold than the percentile allows out of the run's total,
-    the run misses the SLO whatever the rest does (every request generates its max_tokens).
-    """
-    engine = Engine(engine_config(s, k), s.reality, seed=seed, record_itl=True)
+    """One seeded run of `requests` at a constant Poisson `rate` on one engine; the first
+    10 % of the arrivals are warm-up (the ground truth's measurement)."""
     reqs = sorted(s.shape(rate, requests, seed).generate(), key=lambda r: r.arrival_time)
     if not reqs:
         return Verdict(False, math.inf)
     cut = reqs[0].arrival_time + WARMUP_FRACTION * (reqs[-1].arrival_time - reqs[0].arrival_time)
-    judged = [r for r in reqs if r.arrival_time >= cut]
+    return _run(s, k, reqs, seed, (cut, math.inf), judge_window=None)
+
+
+def _run(
+    s: Scenario,
+    k: Knobs,
+    reqs: list[Request],
+    seed: int,
+    window: tuple[float, float],
+    judge_window: tuple[float, float] | None,
+) -> Verdict:
+    """Run `reqs` on one engine and judge the SLO on those that arrived inside `window`.
+
+    It stops early once the verdict is certain: when more judged requests (or, for ITL,
+    token gaps) already exceed a threshold than the percentile allows out of the run's total,
+    the run misses the SLO whatever the rest does (every request generates its max_tokens).
+    It also stops once every judged request has finished (later arrivals only keep the load up).
+    """
+    engine = Engine(engine_config(s, k), s.reality, seed=seed, record_itl=True)
+    lo, hi = window
+    judged = [r for r in reqs if lo <= r.arrival_time < hi]
     targets = s.slo.targets()
     allowed: dict[str, float] = {}
     for metric, target in targets:
@@ -116,6 +149,28 @@ def run_at(s: Scenario, k: Knobs, rate: float, requests: int, seed: int) -> Verd
     limit = {m: t.threshold_ms / 1000.0 for m, t in targets}
     bad = dict.fromkeys(allowed, 0.0)
     records: list[RequestRecord] = []
+    waiting_for = {r.request_id for r in judged}
+    start = reqs[0].arrival_time
+
+    def verdict(v: Verdict) -> Verdict:
+        return Verdict(v.meets, v.ratio, v.crashed, max(0.0, engine.now - start))
+
+    def harvest() -> bool:
+        """Collect finished requests; True once the verdict is certainly a miss."""
+        for rec in engine.pop_finished():
+            records.append(rec)
+            waiting_for.discard(rec.request_id)
+            if not lo <= rec.arrival_time < hi or rec.finish_reason in ("abort", "error"):
+                continue
+            ttft = rec.ttft if rec.ttft is not None else math.inf
+            if "ttft" in bad and ttft > limit["ttft"]:
+                bad["ttft"] += 1
+            if "e2e" in bad and rec.e2e > limit["e2e"]:
+                bad["e2e"] += 1
+            if "itl" in bad and rec.itl:
+                bad["itl"] += int(np.count_nonzero(np.asarray(rec.itl) > limit["itl"]))
+        return any(bad[m] > allowed[m] + 0.5 for m in bad)
+
     try:
         for i, req in enumerate(reqs):
             if req.arrival_time > engine.now:
@@ -123,66 +178,73 @@ def run_at(s: Scenario, k: Knobs, rate: float, requests: int, seed: int) -> Verd
             try:
                 engine.add_request(req)
             except ValueError:
+                waiting_for.discard(req.request_id)
                 continue
-            if i % 32 != 31:
-                continue
-            for rec in engine.pop_finished():
-                records.append(rec)
-                if rec.arrival_time < cut or rec.finish_reason in ("abort", "error"):
-                    continue
-                ttft = rec.ttft if rec.ttft is not None else math.inf
-                if "ttft" in bad and ttft > limit["ttft"]:
-                    bad["ttft"] += 1
-                if "e2e" in bad and rec.e2e > limit["e2e"]:
-                    bad["e2e"] += 1
-                if "itl" in bad and rec.itl:
-                    bad["itl"] += int(np.count_nonzero(np.asarray(rec.itl) > limit["itl"]))
-            if any(bad[m] > allowed[m] + 0.5 for m in bad):
-                return Verdict(False, math.inf)
-        while engine.has_unfinished():
-            engine.run_until(math.inf)
-        records.extend(engine.pop_finished())
+            if i % 32 == 31 and harvest():
+                return verdict(Verdict(False, math.inf))
+            if not waiting_for and req.arrival_time >= hi:
+                break
+        if math.isinf(hi):  # every request is judged: run them all out
+            while engine.has_unfinished():
+                engine.run_until(math.inf)
+        while waiting_for and engine.has_unfinished():
+            engine.run_until(engine.now + 1.0)
+            if harvest():
+                return verdict(Verdict(False, math.inf))
+        harvest()
     except EngineCrashed:
-        return Verdict(False, math.inf, crashed=True)
-    return judge(s, records)
+        return verdict(Verdict(False, math.inf, crashed=True))
+    return verdict(judge(s, records, judge_window))
 
 
 def search_capacity(
     s: Scenario, k: Knobs, requests: int, seed: int, guess: float, precision: float
 ) -> tuple[float, int, bool]:
-    """(capacity, runs used, crashed): doubling then bisection on the rate."""
-    runs = 0
+    """(capacity, runs used, crashed): doubling then bisection on the rate (ground truth)."""
+    cap, runs, crashed, _ = bisect_rate(
+        lambda rate: run_at(s, k, rate, requests, seed), guess, precision
+    )
+    return cap, runs, crashed
+
+
+def bisect_rate(
+    probe: Callable[[float], Verdict], guess: float, precision: float
+) -> tuple[float, int, bool, float]:
+    """(highest rate meeting the SLO, runs, crashed, virtual seconds of every run): doubling
+    then bisection on the rate, each rate judged by one `probe` run."""
+    runs, seconds = 0, 0.0
 
     def ok(rate: float) -> bool | None:
-        nonlocal runs
+        nonlocal runs, seconds
         runs += 1
-        v = run_at(s, k, rate, requests, seed)
+        v = probe(rate)
+        seconds += v.seconds
         return None if v.crashed else v.meets
 
     lo, hi = 0.0, max(guess, 0.05)
     first = ok(hi)
     if first is None:
-        return 0.0, runs, True
+        return 0.0, runs, True, seconds
     if first:
         lo = hi
         while True:
             hi = lo * 2.0
             r = ok(hi)
             if r is None:
-                return 0.0, runs, True
+                return 0.0, runs, True, seconds
             if not r:
                 break
             lo = hi
             if hi > 1e4:
-                return hi, runs, False
+                return hi, runs, False, seconds
     else:
         while True:
             cand = hi / 2.0
             if cand < 0.02:
-                return 0.0, runs, False
+                return 0.0, runs, False, seconds
             r = ok(cand)
             if r is None:
-                return 0.0, runs, True
+                return 0.0, runs, True, seconds
             if r:
                 lo = cand
                 break
@@ -191,12 +253,12 @@ def search_capacity(
         mid = math.sqrt(lo * hi)
         r = ok(mid)
         if r is None:
-            return 0.0, runs, True
+            return 0.0, runs, True, seconds
         if r:
             lo = mid
         else:
             hi = mid
-    return lo, runs, False
+    return lo, runs, False, seconds
 
 
 class Truth:
@@ -253,13 +315,14 @@ class Truth:
             self._guess = stored
         return self._guess
 
-    def benchmark(self, k: Knobs, seed: int, requests: int, guess: float) -> Benchmark:
+    def benchmark(self, k: Knobs, seed: int, guess: float) -> Benchmark:
         """`benchmark_capacity`, remembered: it is deterministic given its seeds."""
-        key = f"bench:{knob_key(k)}:{seed}:{requests}:{guess:.4g}"
+        plan = bench_plan(self.s)
+        key = f"bench-t:{knob_key(k)}:{seed}:{plan.key()}:{guess:.4g}"
         hit = self.benchmarks.get(key)
         if hit is not None:
             return Benchmark(hit[0], bool(hit[1]), bool(hit[2]), int(hit[3]), hit[4])
-        b = benchmark_capacity(self.s, k, seed, requests, guess)
+        b = benchmark_capacity(self.s, k, seed, plan, guess)
         self.benchmarks[key] = [b.capacity, float(b.crashed), float(b.started), b.runs, b.seconds]
         return b
 
@@ -281,17 +344,78 @@ class Benchmark:
     crashed: bool
     started: bool
     runs: int
-    seconds: float  # virtual time the benchmark runs took (arrivals of every run)
+    seconds: float  # virtual time the benchmark runs took (every run, end to end)
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """How long one benchmark run at a fixed rate lasts, sized by time so that it measures the
+    steady state whatever the output lengths: a warm-up of several expected request latencies
+    (the batch fills up), a measured window of several more (and at least `min_requests`
+    judged requests), then a cool-down during which arrivals continue, so that the last judged
+    requests still share the engine with newer ones."""
+
+    expected_e2e_s: float
+    warmup_s: float
+    measure_s: float
+    cooldown_s: float
+    min_requests: int
+
+    def key(self) -> str:
+        return f"{self.warmup_s:.4g}/{self.measure_s:.4g}/{self.cooldown_s:.4g}/{self.min_requests}"
+
+
+BENCH_WARMUP_E2E = 2.0  # warm-up, in expected end-to-end latencies
+BENCH_MEASURE_E2E = 3.0  # measured window, in expected end-to-end latencies
+BENCH_MIN_REQUESTS = 400  # judged requests at least (the old fixed run: 450 of 500)
+BENCH_MIN_WARMUP_S = 10.0
+
+
+def expected_e2e_s(s: Scenario) -> float:
+    """What a benchmark's author can know before running: the workload's mean output length at
+    the SLO's inter-token latency, plus its TTFT (the E2E threshold when the SLO has one)."""
+    slo = s.slo
+    if slo.e2e is not None:
+        return slo.e2e.threshold_ms / 1000.0
+    sample = s.shape(1.0, 2000, 7).generate()
+    mean_out = float(np.mean([r.max_tokens for r in sample])) if sample else 128.0
+    itl = slo.itl.threshold_ms / 1000.0 if slo.itl is not None else 0.05
+    ttft = slo.ttft.threshold_ms / 1000.0 if slo.ttft is not None else 1.0
+    return ttft + mean_out * itl
+
+
+def bench_plan(s: Scenario) -> BenchPlan:
+    e2e = expected_e2e_s(s)
+    return BenchPlan(
+        expected_e2e_s=e2e,
+        warmup_s=max(BENCH_MIN_WARMUP_S, BENCH_WARMUP_E2E * e2e),
+        measure_s=BENCH_MEASURE_E2E * e2e,
+        cooldown_s=e2e,
+        min_requests=BENCH_MIN_REQUESTS,
+    )
+
+
+def run_for(s: Scenario, k: Knobs, rate: float, seed: int, plan: BenchPlan) -> Verdict:
+    """One time-sized benchmark run at a constant Poisson `rate` (see `BenchPlan`)."""
+    measure = max(plan.measure_s, plan.min_requests / rate)
+    total = plan.warmup_s + measure + plan.cooldown_s
+    reqs = sorted(
+        s.shape(rate, math.ceil(rate * total), seed).generate(), key=lambda r: r.arrival_time
+    )
+    if not reqs:
+        return Verdict(False, math.inf)
+    lo = reqs[0].arrival_time + plan.warmup_s
+    window = (lo, lo + measure)
+    return _run(s, k, reqs, seed, window, judge_window=window)
 
 
 def benchmark_capacity(
-    s: Scenario, k: Knobs, seed: int, requests: int = 300, guess: float | None = None
+    s: Scenario, k: Knobs, seed: int, plan: BenchPlan, guess: float | None = None
 ) -> Benchmark:
-    """A shorter, noisier capacity search, as a tuner's own benchmark would measure it."""
+    """A shorter, noisier capacity search (5 % precision, its own seeds), as a tuner's own
+    benchmark would measure it, each rate judged by one time-sized run."""
     if not starts(s, k):
         return Benchmark(0.0, False, False, 0, 0.0)
     g = guess if guess is not None else max(0.5, s.peak_rate_per_replica())
-    cap, runs, crashed = search_capacity(s, k, requests, seed, g, 1.05)
-    # Each run sends `requests` at about the capacity: ~requests/capacity seconds each.
-    seconds = runs * requests / max(cap, g * 0.5, 0.1)
+    cap, runs, crashed, seconds = bisect_rate(lambda rate: run_for(s, k, rate, seed, plan), g, 1.05)
     return Benchmark(0.0 if crashed else cap, crashed, True, runs, seconds)
