@@ -339,7 +339,7 @@ class Soak:
             settled = True
             for item in self.items():
                 tuning = (item.get("status") or {}).get("tuning") or {}
-                if tuning.get("phase") in ("RollingOut", "Verifying"):
+                if tuning.get("phase") in ("RollingOut", "Verifying", "Promoting"):
                     settled = False
                 name = item["metadata"]["name"]
                 dep = emulator.get_object("apps/v1/deployments", NAMESPACE, name) or {}

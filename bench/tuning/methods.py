@@ -586,7 +586,10 @@ def _observe(
     assert state.candidate is not None
     pods, s_since = world.ready_pods(applied, "stable")
     c_pods, c_since = world.ready_pods(state.candidate, "canary")
-    known = [x for x in (s_since, c_since) if x is not None]
+    fair = None
+    if state.analysis is not None:
+        fair = (state.analysis.since - EPOCH).total_seconds()
+    known = [x for x in (s_since, c_since, fair) if x is not None]
     since = max(known) if known else None
     stable = _target(s, policy, "bench", applied, pods, since)
     canary = _target(s, policy, "bench-canary", state.candidate, c_pods, since)

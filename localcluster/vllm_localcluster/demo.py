@@ -346,7 +346,7 @@ class Demo:
                 self.say("a trial was committed; watching the SLO settle")
             if committed_at is not None and now - committed_at >= cfg.settle_after_commit_s:
                 met = _condition(status, "SLOMet").get("status") == "True"
-                if met and tuning.get("phase") not in ("RollingOut", "Verifying"):
+                if met and tuning.get("phase") not in ("RollingOut", "Verifying", "Promoting"):
                     return True
             time.sleep(2.0)
         self.say("time is up")

@@ -415,7 +415,7 @@ class Controller:
         knobs = new.applied
         namespace, name = key
         topo = topology(new, ctx)
-        self._want_snapshots(key, spec, policy, pods, topo)
+        self._want_snapshots(key, spec, policy, pods, topo, new)
         if self.metrics is not None:
             self.metrics.decisions.labels(namespace, name, decision.action).inc()
             if decision.action == "rollout":
@@ -472,9 +472,11 @@ class Controller:
         policy: TuningPolicy,
         pods: Sequence[Mapping[str, Any]],
         topo: Topology,
+        state: TuningState,
     ) -> None:
         """Ask the observer for the next window of the stable pods and, while a canary runs,
-        of the canary pod over the same window (the later of the two ready times)."""
+        of the canary pod over the same window: from the later of the two ready times, or
+        from when the canary analysis started its fair window."""
 
         def target(
             track_key: tuple[str, str], knobs: Knobs, since: datetime | None
@@ -502,7 +504,8 @@ class Controller:
             self.observer.want(target(key, topo.stable, since))
             return
         canary_since = ready_since(pods, topo.canary)
-        both = max((t for t in (since, canary_since) if t is not None), default=None)
+        fair = state.analysis.since if state.analysis is not None else None
+        both = max((t for t in (since, canary_since, fair) if t is not None), default=None)
         self.observer.want(target(key, topo.stable, both))
         self.observer.want(target(canary_key(key), topo.canary, both))
 

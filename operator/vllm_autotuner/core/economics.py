@@ -43,10 +43,22 @@ def restarts(ctx: DeploymentContext, strategy: Strategy) -> int:
     return max(1, ctx.replicas) + (1 if strategy == "Canary" else 0)
 
 
-def cost_requests(ctx: DeploymentContext, strategy: Strategy, rate_per_pod: float) -> float:
+# A request that arrives while the pods that stay are past their capacity waits in a queue
+# that outlives the restart; it and the requests queued behind it miss the SLO. Counted as
+# this many missed requests per request over capacity.
+OVERLOAD_HARM = 2.0
+
+
+def cost_requests(
+    ctx: DeploymentContext, strategy: Strategy, rate_per_pod: float, excess_rps: float = 0.0
+) -> float:
+    """The capacity a trial takes away while restarted pods load, in requests, plus the
+    requests an overload of the pods that stay makes miss the SLO (`excess_rps`: the traffic
+    above what they can carry, whole deployment)."""
     if ctx.rollout.max_surge > 0:
         return 0.0
-    return restarts(ctx, strategy) * ctx.rollout.load_time_s * max(0.0, rate_per_pod)
+    n = restarts(ctx, strategy) * ctx.rollout.load_time_s
+    return n * (max(0.0, rate_per_pod) + OVERLOAD_HARM * max(0.0, excess_rps))
 
 
 def gain_requests(
@@ -70,6 +82,7 @@ def worth_restart(
     rate_now: float,
     rate_ref: float,
     miss_share: float = 0.0,
+    room: Headroom | None = None,
 ) -> Worth:
     """`miss_share`: the share of requests the window confirms over an SLO threshold now (0
     when the SLO is met). A measured violation is a gain to win whatever the model thinks the

@@ -17,6 +17,7 @@ from vllm_autotuner.core.perf_model import Prediction
 from vllm_autotuner.core.snapshot import Snapshot, target_value
 from vllm_autotuner.core.tuning_types import (
     SLO,
+    TRIAL_PHASES,
     InfeasibleKind,
     Knobs,
     Measured,
@@ -218,7 +219,7 @@ def adopt_unrecorded(
     inside the bounds, never judged bad, and a rollout the rules allow now. Anything else
     (a hand edit, a stale read of our own rollback) is restored to `state.applied`.
     """
-    if live is None or policy.mode != "Auto" or state.phase in ("RollingOut", "Verifying"):
+    if live is None or policy.mode != "Auto" or state.phase in TRIAL_PHASES:
         return None
     if live.same_as(state.applied) or not policy.bounds.contains(live):
         return None

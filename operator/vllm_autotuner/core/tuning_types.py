@@ -29,6 +29,8 @@ Phase = Literal[
     "RolledBack",
     "Holding",
 ]
+# The phases of a trial in flight (supervised until it commits or rolls back).
+TRIAL_PHASES: tuple[str, ...] = ("RollingOut", "Verifying", "Promoting")
 Action = Literal["hold", "recommend", "rollout", "verify", "promote", "commit", "rollback"]
 # How a trial runs: on every pod at once (before/after verdict), or first on one canary pod
 # beside the baseline pods (paired verdict, then promotion to every pod).
