@@ -244,23 +244,7 @@ def cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare_operator_imports() -> None:
-    """Imports what `cmd_run` needs, keeping the generated `kubernetes` client out of memory.
-
-    kopf imports `kubernetes.client` (in a try/except ImportError) only to recognise the
-    client's model objects; the operator hands kopf plain dicts and loads its credentials with
-    `adapters.kubeconfig`, so that import is ~11 MiB resident for nothing. A None entry in
-    sys.modules makes `import kubernetes...` raise ImportError (the documented import-system
-    behaviour), which kopf catches. setdefault leaves an already imported package alone.
-    """
-    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
-    import kopf  # noqa: F401
-
-    import vllm_autotuner.operator  # noqa: F401
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    _prepare_operator_imports()
     import kopf
 
     from vllm_autotuner.adapters.kube import load_credentials
