@@ -7,7 +7,6 @@ import asyncio
 import hashlib
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,16 +14,18 @@ from pathlib import Path
 
 from vllm_autotuner import __version__
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-
 
 def parse_duration(text: str) -> float:
-    """`30s`, `2m`, `1.5h` or plain seconds; argparse reports anything else clearly."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h)")
-    value, unit = float(match.group(1)), match.group(2) or "s"
-    return value * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[unit]
+    """Seconds in a Go duration (`30s`, `1m30s`, `1.5h`), by the parser the CRDs use; the
+    chart's values schema accepts the same language, so a valid install never exits here."""
+    from vllm_autotuner.api.durations import duration_seconds
+
+    try:
+        return duration_seconds(text.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (Go syntax, e.g. 30s, 1m30s, 1h)"
+        ) from exc
 
 
 def peering_priority(pod_name: str | None) -> int:
