@@ -272,6 +272,8 @@ class Controller:
         ]
         if self.metrics is not None:
             self.metrics.set_knobs(namespace, name, dict(knobs.to_dict()))
+            self.metrics.set_phase(namespace, name, str(tuning.get("phase", "Idle")))
+            self.metrics.set_slo_met(namespace, name, tuned.slo_met)
         await self._write_status(
             namespace, name, previous, generation, now, updates, fields, outcome
         )
@@ -432,6 +434,7 @@ class Controller:
             events=[*adoption, *(Event(e.type, e.reason, e.message) for e in decision.events)],
             observed=observed_summary(snapshot, policy.slo, met) if snapshot.available else None,
             degraded=degraded,
+            slo_met=met,
         )
 
     def _resolve(
@@ -578,6 +581,7 @@ class Tuned:
     events: list[Event] = field(default_factory=list)
     observed: dict[str, Any] | None = None
     degraded: ConditionUpdate | None = None
+    slo_met: bool | None = None  # None: no usable window
 
 
 def _state_from_status(raw: Mapping[str, Any]) -> TuningState | None:
