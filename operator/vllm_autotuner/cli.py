@@ -257,6 +257,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         "json": kopf.LogFormat.JSON,
     }[args.log_format]
     kopf.configure(verbose=args.verbose, log_format=log_format)
+    if not args.verbose:
+        # kopf logs every handler and activity run at INFO ("Handler 'spec_changed'
+        # succeeded.", "Activity 'login' succeeded." at every re-login); the operator logs its
+        # own decisions, so kopf's records about them show from WARNING on.
+        for name in ("kopf.objects", "kopf.activities"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         credentials = load_credentials(args.kubeconfig)
     except Exception as exc:  # KubeconfigError, or OSError from a temporary file

@@ -25,7 +25,7 @@ from vllm_autotuner.api.deployment import VLLMDeploymentSpec
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
 from vllm_autotuner.core import render
 from vllm_autotuner.core.conditions import ConditionUpdate
-from vllm_autotuner.core.decide import decide
+from vllm_autotuner.core.decide import Decision, decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
 from vllm_autotuner.core.policy import Resolution, resolve
 from vllm_autotuner.core.rollout import adopt_unrecorded
@@ -374,6 +374,7 @@ class Controller:
         new = decision.new_state
         knobs = new.applied
         namespace, name = key
+        log_decision(namespace, name, decision, previous_tuning.get("lastDecision"))
         current = [h.name for h in health if h.ready and knobs.same_as(h.revision_knobs) and h.name]
         self.observer.want(
             SnapshotTarget(
@@ -479,6 +480,36 @@ class Controller:
         outcome.status_written = True
         if isinstance(result.get("metadata"), Mapping) and "status" in result:
             self._written[(namespace, name)] = child_copy(result)
+
+
+def log_decision(
+    namespace: str, name: str, decision: Decision, previous: Mapping[str, Any] | None
+) -> None:
+    """One log line per decision: the deployment, the action, the knobs and the reason.
+
+    A decision repeated from one reconcile to the next (the same action for the same reason,
+    as a hold is) is logged once. The fields are also record attributes, so `--log-format
+    json` writes them as keys.
+    """
+    last = previous or {}
+    if (last.get("action"), last.get("reason")) == (decision.action, decision.reason):
+        return
+    knobs = decision.knobs_to_apply or decision.new_state.applied
+    log.info(
+        "%s/%s: %s %s: %s",
+        namespace,
+        name,
+        decision.action,
+        knobs.describe(),
+        decision.reason,
+        extra={
+            "namespace": namespace,
+            "deployment": name,
+            "action": decision.action,
+            "knobs": dict(knobs.to_dict()),
+            "reason": decision.reason,
+        },
+    )
 
 
 def _deployment_event(

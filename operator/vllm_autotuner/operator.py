@@ -412,6 +412,11 @@ async def run_operator(
     stop_flag: asyncio.Event | None = None,
     snapshot_source: SnapshotSource | None = None,
 ) -> None:
+    if snapshot_source is None and not config.prometheus_url:
+        log.warning(
+            "no --prometheus-url: VLLMDeployments are deployed with the knobs they start from, "
+            "but nothing is observed, tuned or verified (MetricsAvailable=False on each)"
+        )
     registry, _ = build_registry(config, snapshot_source)
     await kopf.operator(
         registry=registry,
