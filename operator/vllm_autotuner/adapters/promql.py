@@ -330,6 +330,24 @@ def discovery_query_for_targets(
     return f"count by ({by}) (last_over_time({sel}[{window_s}s]))"
 
 
+def last_seen_query(
+    running_names: str | Sequence[str],
+    namespace: str,
+    pods: Iterable[str],
+    window_s: int,
+    namespace_label: str = "namespace",
+    pod_label: str = "pod",
+) -> str:
+    """When any of `pods` last exported vLLM's running gauge within the window (a timestamp).
+
+    `recommend` asks it of pods that are gone, to start its window after them.
+    """
+    matchers = f"{label_name(namespace_label)}={string_literal(namespace)}, "
+    matchers += matcher(pod_label, pods)
+    sel = series(running_names, "", matchers)
+    return f"max(max_over_time(timestamp({sel})[{window_s}s:]))"
+
+
 # ------------------------------------------------------------------------------------- targets
 
 

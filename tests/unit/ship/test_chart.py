@@ -189,7 +189,6 @@ def flag(container: dict[str, Any], name: str) -> list[str]:
 def test_default_install_watches_all_namespaces_standalone_with_recreate() -> None:
     container = operator_container("default")
     assert "--all-namespaces" in container["args"]
-    assert "--standalone" in container["args"]
     assert flag(container, "namespace") == [] and flag(container, "peering") == []
     deployment = operator_deployment("default")
     assert deployment["spec"]["replicas"] == 1
@@ -218,7 +217,6 @@ def test_peering_runs_a_warm_standby() -> None:
     deployment = operator_deployment("peering")
     assert deployment["spec"]["replicas"] >= 2
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
-    assert "--standalone" not in container["args"]
     (peering_name,) = flag(container, "peering")
     (peering,) = by_kind("peering", "ClusterKopfPeering")
     assert peering["metadata"]["name"] == peering_name
