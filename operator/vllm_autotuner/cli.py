@@ -332,8 +332,74 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_crds(sub)
     _add_recommend(sub)
+    _add_requests(sub)
     _add_demo(sub)
     return parser
+
+
+REQUESTS = {
+    "pause": "pause tuning of a VLLMDeployment: nothing new is rolled out until resume",
+    "resume": "resume tuning that pause paused",
+    "promote": "promote the running canary now, without waiting for its verdict",
+    "abort": "abort the running canary and keep the configuration before it",
+    "retry": "let the tuner try again the configuration it blocked last",
+}
+
+
+def _add_requests(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    for command, summary in REQUESTS.items():
+        p = _subparser(sub, command, summary)
+        p.add_argument("name", help="the VLLMDeployment")
+        p.add_argument(
+            "--namespace", "-n", help="its namespace (without it: the kubeconfig context's)"
+        )
+        p.add_argument(
+            "--kubeconfig",
+            help="kubeconfig file (without it: $KUBECONFIG, else ~/.kube/config; in a pod, "
+            "its service account)",
+        )
+
+
+def cmd_request(args: argparse.Namespace) -> int:
+    """Writes the command's annotation on the VLLMDeployment (docs/gitops.md says why that is
+    GitOps-safe); the operator acts on its next reconcile."""
+    from datetime import UTC, datetime
+
+    from kubernetes.client import ApiClient, CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from vllm_autotuner import GROUP, VERSION
+    from vllm_autotuner.adapters.kube import load_credentials
+    from vllm_autotuner.core.commands import request_annotations
+
+    try:
+        credentials = load_credentials(args.kubeconfig)
+    except Exception as exc:  # KubeconfigError, or OSError from a temporary file
+        print(f"error: cannot load Kubernetes credentials: {exc}", file=sys.stderr)
+        return 2
+    namespace = args.namespace or credentials.namespace
+    annotations = request_annotations(args.command, datetime.now(UTC))
+    where = f"VLLMDeployment {namespace}/{args.name}"
+    with ApiClient(credentials.configuration) as client:
+        try:
+            CustomObjectsApi(client).patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "vllmdeployments", args.name,
+                {"metadata": {"annotations": annotations}},
+                field_manager="vllm-autotuner-cli",
+                _content_type="application/merge-patch+json",
+            )  # fmt: skip
+        except ApiException as exc:
+            why = "not found" if exc.status == 404 else f"refused ({exc.status} {exc.reason})"
+            print(f"error: {where}: {why}", file=sys.stderr)
+            return 1
+        except HTTPError as exc:
+            print(f"error: cannot reach the API server: {exc}", file=sys.stderr)
+            return 1
+    ((key, value),) = annotations.items()
+    shown = f"{key}={value}" if value is not None else f"{key} removed"
+    print(f"{args.command}: {where} ({shown}); the operator acts on its next reconcile")
+    return 0
 
 
 def cmd_crds(args: argparse.Namespace) -> int:
@@ -415,6 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "crds": cmd_crds,
         "recommend": cmd_recommend,
         "demo": cmd_demo,
+        **dict.fromkeys(REQUESTS, cmd_request),
     }
     return handlers[args.command](args)
 

@@ -24,6 +24,12 @@ from vllm_autotuner.adapters.promql import SnapshotTarget
 from vllm_autotuner.api.deployment import VLLMDeploymentSpec
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
 from vllm_autotuner.core import render
+from vllm_autotuner.core.commands import (
+    PAUSE_ANNOTATION,
+    forget_latest_block,
+    hold_while_paused,
+    read_commands,
+)
 from vllm_autotuner.core.conditions import ConditionUpdate
 from vllm_autotuner.core.decide import Decision, decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
@@ -42,11 +48,18 @@ from vllm_autotuner.core.tuning_inputs import (
     strip_none,
     tuning_policy,
 )
-from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs, TuningState
+from vllm_autotuner.core.tuning_types import (
+    SLO,
+    Commands,
+    DeploymentContext,
+    Knobs,
+    TuningState,
+)
 from vllm_autotuner.observer import Observer
 
 log = logging.getLogger(__name__)
 
+NO_COMMANDS = Commands()
 # How long our own apply's answer stands in for a child the watch has not delivered yet.
 APPLIED_GRACE_S = 10.0
 
@@ -213,6 +226,7 @@ class Controller:
 
         policy_spec = _policy_spec(policies.get(policy_name)) if resolution.policy_name else None
         previous_tuning = dict(previous.get("tuning") or {})
+        commands, pending = read_commands(meta.get("annotations"), previous.get("handledRequests"))
         start = starting_knobs(spec, policy_spec)
         for note in start.notes:
             if previous_tuning.get("startNote") != note:
@@ -227,9 +241,11 @@ class Controller:
             pods,
             now,
             deployment_knobs(children.get("Deployment")),
+            commands,
         )
         knobs = tuned.knobs
         outcome.events.extend(tuned.events)
+        outcome.events.extend(pause_transition(previous, commands))
         outcome.events.extend(metrics_transition(previous, tuned.updates))
 
         owner = render.Owner(name=name, namespace=namespace, uid=str(meta["uid"]))
@@ -255,6 +271,10 @@ class Controller:
                 )
             )
 
+        fields["paused"] = True if commands.paused else None
+        if tuned.handled:
+            done = {name: pending[name] for name in tuned.handled}
+            fields["handledRequests"] = {**(previous.get("handledRequests") or {}), **done}
         tuning = keep_stamp(tuned.tuning, previous_tuning, "lastDecision", "time")
         if start.notes:
             tuning["startNote"] = start.notes[-1]
@@ -328,8 +348,14 @@ class Controller:
         pods: Sequence[Mapping[str, Any]],
         now: datetime,
         live: Knobs | None = None,
+        commands: Commands = NO_COMMANDS,
     ) -> Tuned:
-        """Run one step of the tuner (none in mode Off) and say what it means for status."""
+        """Run one step of the tuner (none in mode Off) and say what it means for status.
+
+        `commands` come from the annotations (core/commands.py): a pause turns a rollout into
+        a hold; a retry forgets the latest blocked configuration before deciding. promote and
+        abort are passed on for the canary (not acted on here yet).
+        """
         if resolution.mode == "Off" or policy_spec is None:
             self.observer.forget(key)
             return Tuned(
@@ -357,6 +383,12 @@ class Controller:
                     f"{adopted.next_trial_id() - 1} instead of reverting it",
                 )
             )
+        handled: tuple[str, ...] = ()
+        if commands.retry_requested:
+            state, note = forget_latest_block(state)
+            self._searches.pop(key, None)  # the memo's search excluded what is now allowed
+            handled = ("retry",)
+            adoption.append(Event("Normal", "RetryRequested", note))
         health = tuple(pod_health(p) for p in pods)
         snapshot = self.observer.latest(key, policy.evaluation_window_s)
         model = self.model_for(key, ctx)
@@ -371,6 +403,8 @@ class Controller:
             )
         if decision.search_memo is not None:
             self._searches[key] = decision.search_memo
+        if commands.paused:
+            decision = hold_while_paused(decision, state, now)
         new = decision.new_state
         knobs = new.applied
         namespace, name = key
@@ -409,7 +443,12 @@ class Controller:
             why = "WaitingForRevision" if snapshot.warming_up else "MetricsUnavailable"
             metrics_cond = ConditionUpdate("MetricsAvailable", "False", why, snapshot.reason)
         updates = [
-            ConditionUpdate("Tuning", "True" if in_trial else "False", new.phase, decision.reason),
+            ConditionUpdate(
+                "Tuning",
+                "True" if in_trial else "False",
+                "Paused" if commands.paused else new.phase,
+                decision.reason,
+            ),
             metrics_cond,
             _slo_condition(snapshot, policy.slo),
         ]
@@ -436,6 +475,7 @@ class Controller:
             observed=observed_summary(snapshot, policy.slo, met) if snapshot.available else None,
             degraded=degraded,
             slo_met=met,
+            handled=handled,
         )
 
     def _resolve(
@@ -553,6 +593,23 @@ def _deployment_event(
     )
 
 
+def pause_transition(previous: Mapping[str, Any], commands: Commands) -> list[Event]:
+    """An Event when tuning is paused or resumed by the annotation."""
+    was = bool(previous.get("paused"))
+    if commands.paused and not was:
+        return [
+            Event(
+                "Normal",
+                "TuningPaused",
+                f"tuning is paused by the annotation {PAUSE_ANNOTATION}: nothing is rolled out "
+                "until it is removed (vllm-autotuner resume)",
+            )
+        ]
+    if was and not commands.paused:
+        return [Event("Normal", "TuningResumed", "tuning resumes: the pause annotation is gone")]
+    return []
+
+
 LOST_METRICS = ("MetricsUnavailable", "MetricsInvalid")
 
 
@@ -613,6 +670,7 @@ class Tuned:
     observed: dict[str, Any] | None = None
     degraded: ConditionUpdate | None = None
     slo_met: bool | None = None  # None: no usable window
+    handled: tuple[str, ...] = ()  # one-shot requests acted on (core/commands.py)
 
 
 def _state_from_status(raw: Mapping[str, Any]) -> TuningState | None:

@@ -91,6 +91,7 @@ class KubeCredentials:
 
     configuration: Configuration
     rotating: bool = False
+    namespace: str = "default"  # the kubeconfig context's, or the pod's own
 
     @classmethod
     def for_server(
@@ -141,7 +142,11 @@ def load_incluster(service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> KubeCrede
     except (ConfigException, OSError) as exc:
         raise KubeconfigError(f"in-cluster config ({service_account_dir}): {exc}") from exc
     _guard_refresh(configuration)
-    return KubeCredentials(configuration, rotating=True)
+    try:
+        namespace = (service_account_dir / "namespace").read_text().strip() or "default"
+    except OSError:
+        namespace = "default"
+    return KubeCredentials(configuration, rotating=True, namespace=namespace)
 
 
 def kubeconfig_paths(explicit: str | None = None) -> list[Path]:
@@ -199,7 +204,8 @@ def load_kubeconfig(
         _reread_token_file(configuration, base / Path(str(token_file)).expanduser(), clock)
     _guard_refresh(configuration)
     rotating = bool(token_file and not user.get("token")) or "exec" in user
-    return KubeCredentials(configuration, rotating=rotating)
+    namespace = str(loader.current_context["context"].get("namespace") or "default")
+    return KubeCredentials(configuration, rotating=rotating, namespace=namespace)
 
 
 def _current_entries(

@@ -419,6 +419,20 @@ class DecisionRecord:
         return cls(time=t, action=cast(Action, d["action"]), reason=str(d.get("reason", "")))
 
 
+@dataclass(frozen=True)
+class Commands:
+    """What a person asked for through the VLLMDeployment's annotations (core/commands.py).
+
+    `paused` holds while the annotation is there; the others are one-shot requests not yet
+    acted on. promote and abort are for a running canary.
+    """
+
+    paused: bool = False
+    promote_requested: bool = False
+    abort_requested: bool = False
+    retry_requested: bool = False
+
+
 MAX_TRIALS = 20
 MAX_INFEASIBLE = 50
 
