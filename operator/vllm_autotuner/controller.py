@@ -424,6 +424,11 @@ class Controller:
             )
         )
         if self.metrics is not None:
+            self.metrics.set_slo_targets(
+                namespace,
+                name,
+                [(m, t.percentile, t.threshold_ms) for m, t in policy.slo.targets()],
+            )
             self.metrics.decisions.labels(namespace, name, decision.action).inc()
             if decision.action == "rollout":
                 self.metrics.rollouts.labels(namespace, name).inc()

@@ -7,7 +7,8 @@ docs/operations.md with suggested alerts; keep them stable.
 from __future__ import annotations
 
 import contextlib
-from typing import get_args
+from collections.abc import Iterable
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -24,6 +25,7 @@ class OperatorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._phases: set[str] = set()
+        self._slo_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self.decisions = Counter(
             "vllm_autotuner_decisions",
             "Tuning decisions taken, by action (hold, recommend, rollout, commit, rollback...).",
@@ -67,6 +69,12 @@ class OperatorMetrics:
             ["namespace", "deployment", "source"],
             registry=self.registry,
         )
+        self.slo_threshold = Gauge(
+            "vllm_autotuner_slo_threshold_seconds",
+            "The SLO each deployment is tuned against: the threshold at a percentile.",
+            ["namespace", "deployment", "metric", "percentile"],
+            registry=self.registry,
+        )
         self.reconcile_duration = Histogram(
             "vllm_autotuner_reconcile_duration_seconds",
             "Duration of one reconcile of a VLLMDeployment.",
@@ -107,6 +115,18 @@ class OperatorMetrics:
         else:
             self.capacity.labels(namespace, name, source).set(rps)
 
+    def set_slo_targets(
+        self, namespace: str, name: str, targets: Iterable[tuple[str, float, float]]
+    ) -> None:
+        """(metric, percentile in percent, threshold in ms) of each target in force."""
+        wanted = {(metric, f"{percentile:g}"): ms / 1000.0 for metric, percentile, ms in targets}
+        for labels in self._slo_series.pop((namespace, name), set()) - wanted.keys():
+            with contextlib.suppress(KeyError):
+                self.slo_threshold.remove(namespace, name, *labels)
+        for (metric, percentile), seconds in wanted.items():
+            self.slo_threshold.labels(namespace, name, metric, percentile).set(seconds)
+        self._slo_series[(namespace, name)] = set(wanted)
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop every gauge series of a deleted deployment (counters keep their history)."""
         series = [
@@ -119,6 +139,10 @@ class OperatorMetrics:
         for gauge, labels in series:
             with contextlib.suppress(KeyError):
                 gauge.remove(*labels)
+        self.set_slo_targets(namespace, name, ())
+        self._slo_series.pop((namespace, name), None)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
+        """Serves /metrics in a daemon thread; the server (its `shutdown()` stops it)."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return server

@@ -81,6 +81,23 @@ def test_forget_drops_every_gauge_of_one_deployment_only() -> None:
     assert 'deployment="a"' not in text and 'deployment="b"' in text
 
 
+def test_slo_thresholds_follow_the_policy() -> None:
+    m = OperatorMetrics()
+    m.set_slo_targets("ns", "a", [("ttft", 95.0, 800.0), ("itl", 99.0, 50.0)])
+    labels = {"namespace": "ns", "deployment": "a"}
+    ttft = value(
+        m, "vllm_autotuner_slo_threshold_seconds", metric="ttft", percentile="95", **labels
+    )
+    assert ttft == 0.8
+    m.set_slo_targets("ns", "a", [("itl", 95.0, 40.0)])  # the policy changed
+    assert [
+        line.split("{")[1].split("}")[0]
+        for line in series(m, "vllm_autotuner_slo_threshold_seconds")
+    ] == ['deployment="a",metric="itl",namespace="ns",percentile="95"']
+    m.forget("ns", "a")
+    assert series(m, "vllm_autotuner_slo_threshold_seconds") == []
+
+
 class Kube:
     """Stands in for KubeClient: applies and status patches answer with what was sent."""
 
