@@ -227,7 +227,23 @@ def _add_recommend(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _missing_extra(module: str, extra: str, command: str) -> bool:
+    """True (and one line on stderr) when an optional dependency of `command` is absent."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        return False
+    print(
+        f"error: vllm-autotuner {command} needs {module}, which the operator image does not "
+        f"carry: pip install 'vllm-autotuner[{extra}]'",
+        file=sys.stderr,
+    )
+    return True
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
+    if _missing_extra("prometheus_api_client", "recommend", "recommend"):
+        return 2
     from vllm_autotuner.recommend import (
         PrometheusError,
         RecommendRequest,
@@ -299,6 +315,9 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     import shutil
+
+    if _missing_extra("kmock", "demo", "demo") or _missing_extra("matplotlib", "demo", "demo"):
+        return 2
 
     from vllm_autotuner.local.demo import DemoConfig, run_demo
 
