@@ -169,7 +169,7 @@ def build_registry(
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Our own prefixes, so other kopf operators in the cluster never collide with us, and
-        # no legacy duplicate keys (kubernetes-conventions.md §1.2).
+        # no legacy duplicate keys (kopf docs/continuity.rst).
         settings.persistence.finalizer = f"{GROUP}/finalizer"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
             prefix=GROUP, v1=False

@@ -49,7 +49,7 @@ OWNED_FLAGS: tuple[str, ...] = (
     "enable-prefix-caching",
     "no-enable-prefix-caching",
     "block-size",
-    # the tuned knobs, their aliases, and flags that silently override them (vllm.md §2.1)
+    # the tuned knobs, their aliases, and flags that silently override them (vLLM arg_utils.py)
     "max-num-batched-tokens",
     "max-num-scheduled-tokens",
     "max-num-seqs",

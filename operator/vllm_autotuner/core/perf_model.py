@@ -127,7 +127,7 @@ class Calibration:
             )
             return max(0.0, (gmu * self.gpu_memory_bytes - non_kv) / self.kv_bytes_per_token)
         # Without byte counts assume 30% of the GPU is weights and activations (8B on 80 GB:
-        # 16 GB weights + a few GB of activations and graphs, reference/vllm.md §3).
+        # 16 GB weights + a few GB of activations and graphs, vLLM gpu_worker.py).
         f0 = min(0.3, 0.9 * self.observed_gmu)
         return max(0.0, self.observed_kv_tokens * (gmu - f0) / (self.observed_gmu - f0))
 
@@ -172,7 +172,7 @@ class PerformanceModel(Protocol):
 # --------------------------------------------------------------------------- analytic model
 
 # Achieved memory bandwidth (B/s) and dense BF16 compute (FLOP/s) per GPU, from
-# reference/simulator-calibration.md §1.1 (vendor data sheets, dense figures).
+# NVIDIA datasheets (vendor data sheets, dense figures).
 _GPU_SPECS: dict[str, tuple[float, float]] = {
     "H100": (3.35e12, 989e12),
     "H200": (4.8e12, 989e12),
@@ -180,7 +180,7 @@ _GPU_SPECS: dict[str, tuple[float, float]] = {
     "L40S": (0.864e12, 362e12),
     "B200": (8.0e12, 2250e12),
 }
-# Llama-3.1-8B shaped priors (simulator-calibration.md §1.2): 15.01 GB read per decode step,
+# Llama-3.1-8B shaped priors (a roofline of its weights): 15.01 GB read per decode step,
 # 128 KiB of KV per token, ~15 GFLOP per prefill token; efficiencies 0.85 (bandwidth) and 0.5
 # (compute); ~2.5 ms of host work per step. The calibrated step_scale absorbs the rest.
 _WEIGHT_BYTES = 15.01e9
@@ -235,7 +235,7 @@ class _Pre(NamedTuple):
 
 
 class AnalyticModel:
-    """A steady-state model of vLLM's V1 scheduler (vllm.md §4) at a Poisson arrival rate.
+    """A steady-state model of vLLM's V1 scheduler (vLLM scheduler.py) at a Poisson arrival rate.
 
     Per step: `t = scale * (fixed + max(weights + kv_read * context, compute * tokens))`.
     With Little's law (running = rate * decode steps * t) and the token flow
@@ -588,7 +588,7 @@ class _SimResult:
 
 
 class EngineModel:
-    """The simulator's engine as the performance model (design.md: "the engine is the model").
+    """The simulator's engine as the performance model (how-it-works.md: the engine is the model).
 
     Calibration runs the observed workload (lengths and rate from the snapshot, lognormal
     shapes fitted to mean and p90) at the observed knobs and adjusts the engine's hidden

@@ -26,7 +26,7 @@ CONTAINER_PORT = 8000
 KNOBS_ANNOTATION = f"{GROUP}/knobs"
 
 # Metadata that belongs to the tools that manage the CR, never to its children: copying Argo CD
-# tracking onto children makes Argo CD prune or diff them (kubernetes-conventions.md §4.2).
+# tracking onto children makes Argo CD prune or diff them (Argo CD resource_tracking.md).
 _FOREIGN_PREFIXES = (
     "argocd.argoproj.io/",
     "kopf.zalando.org/",
@@ -36,7 +36,7 @@ _FOREIGN_PREFIXES = (
 _FOREIGN_KEYS = frozenset({"app.kubernetes.io/instance", "app.kubernetes.io/managed-by"})
 
 # Model loading can take many minutes (weights download, torch.compile, CUDA graphs); the
-# startup probe allows 30 minutes before liveness takes over (vllm.md §5.2, §5.4).
+# startup probe allows 30 minutes before liveness takes over (vLLM api_server/entry.py).
 STARTUP_FAILURE_THRESHOLD = 180
 STARTUP_PERIOD_S = 10
 
@@ -189,7 +189,7 @@ def _pod_spec(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
         "containers": [_container(spec, knobs)],
         "volumes": [*[dict(v) for v in spec.pod.volumes], {"name": "dshm", "emptyDir": shm}],
         # vLLM aborts in-flight requests on SIGTERM unless --shutdown-timeout is set; give it
-        # time to exit cleanly (vllm.md §5.3).
+        # time to exit cleanly (vLLM v1/engine/core.py).
         "terminationGracePeriodSeconds": 60,
     }
     if placement.node_selector:

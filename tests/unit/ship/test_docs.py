@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,25 @@ def test_troubleshooting_covers_the_known_symptoms() -> None:
     }
     for symptom in ("progressing", "metricsavailable", "degraded", "pending", "vllm_", "deleted"):
         assert any(symptom in h for h in headings), symptom
+
+
+_OUTSIDE = re.compile(
+    r"\bshared/|\breference/\S+\.md|\b(vllm|peers|kubernetes-conventions|testing-infrastructure"
+    r"|simulator-calibration|real-vllm-measurements(-2)?|design)\.md\b"
+)
+
+
+def test_nothing_cites_files_outside_the_repository() -> None:
+    """Users have the repository only: facts carry their public source, not a private note."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    offenders = []
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix not in (".py", ".md", ".yaml", ".yml", ".toml", ".json", ".tpl", ".txt"):
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if _OUTSIDE.search(line):
+                offenders.append(f"{name}:{number}: {line.strip()[:80]}")
+    assert offenders == []
