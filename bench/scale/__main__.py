@@ -2,7 +2,8 @@
 [--interval S] [--out DIR]`: the operator at scale, with the numbers docs/scale.md quotes.
 
 Goals (issue 8): p99 reconcile under 1 s, Prometheus queries per cycle independent of the
-number of deployments, zero API writes in an idle cycle, operator memory at most 320 MiB (with the kubernetes package; 256 MiB before it).
+number of deployments, zero API writes in an idle cycle, operator memory at most 320 MiB
+(issue 17: with the kubernetes package; 256 MiB before it).
 """
 
 from __future__ import annotations
