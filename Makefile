@@ -21,8 +21,8 @@ prometheus:
 	@bash scripts/ensure-prometheus.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator sim tests bench e2e
-	$(BIN)/ruff format --check operator sim tests bench e2e
+	$(BIN)/ruff check operator sim localcluster tests bench e2e
+	$(BIN)/ruff format --check operator sim localcluster tests bench e2e
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
@@ -46,7 +46,7 @@ crds: $(STAMP)
 	$(BIN)/python scripts/sync-chart-crds.py
 
 demo: $(STAMP) prometheus
-	$(BIN)/vllm-autotuner demo
+	$(BIN)/vllm-localcluster demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

@@ -1,6 +1,6 @@
 """The closed loop under test: one-machine cluster, Service, operator process, client load.
 
-The demo (`vllm_autotuner.local.demo`) wires the same parts for people; the scenarios need
+The demo (`vllm_localcluster.demo`) wires the same parts for people; the scenarios need
 more control over them than a demo should offer: kill and restart the operator mid-rollout,
 stop and restart Prometheus on the same port (the operator's Prometheus URL is fixed when it
 starts), and a client that records every request's outcome with its wall time, so a test can
@@ -29,9 +29,9 @@ from typing import Any
 import aiohttp
 import requests
 
-from vllm_autotuner.local.cluster import LocalCluster
-from vllm_autotuner.local.prometheus import PrometheusServer
-from vllm_autotuner.local.service_proxy import ServiceProxy
+from vllm_localcluster.cluster import LocalCluster
+from vllm_localcluster.prometheus import PrometheusServer
+from vllm_localcluster.service_proxy import ServiceProxy
 from vllm_sim.loadgen import request_body
 from vllm_sim.types import Request
 from vllm_sim.workload import WorkloadSpec

@@ -22,7 +22,7 @@ from tests.support.waiting import wait_for
 from e2e.conftest import MakeLoop
 from e2e.harness import KNOBS_ANNOTATION, ClosedLoop, condition
 from vllm_autotuner.core.tuning_types import Knobs
-from vllm_autotuner.local.demo import DEMO_DEPLOYMENT, DEMO_POLICY
+from vllm_localcluster.demo import DEMO_DEPLOYMENT, DEMO_POLICY
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(420)]
 

@@ -24,7 +24,7 @@ from tests.support.helm import find, render_objects
 from e2e.test_closed_loop import DEMO_RATE
 from vllm_autotuner.api.crds import render_crds
 from vllm_autotuner.api.deployment import VLLMDeploymentSpec
-from vllm_autotuner.local.demo import DEMO_DEPLOYMENT, DEMO_POLICY
+from vllm_localcluster.demo import DEMO_DEPLOYMENT, DEMO_POLICY
 
 KIND_DIR = Path(__file__).resolve().parent / "kind"
 MANIFESTS = KIND_DIR / "manifests"

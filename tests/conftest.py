@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.prometheus import running_prometheus
-from vllm_autotuner.local.prometheus import PrometheusServer
+from vllm_localcluster.prometheus import PrometheusServer
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ class Write:
 
 
 def _serve(conn: Connection, crds: str) -> None:
-    from vllm_autotuner.local.emulator import EmulatorServer
+    from vllm_localcluster.emulator import EmulatorServer
 
     server = EmulatorServer(crds=crds, max_requests_kept=500_000).start_in_thread()
     conn.send(server.url)

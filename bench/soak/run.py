@@ -30,10 +30,10 @@ from typing import Any
 
 import requests
 
-from vllm_autotuner.local.cluster import LocalCluster
-from vllm_autotuner.local.emulator import RequestRecord
-from vllm_autotuner.local.prometheus import PrometheusServer
-from vllm_autotuner.local.service_proxy import ServiceProxy
+from vllm_localcluster.cluster import LocalCluster
+from vllm_localcluster.emulator import RequestRecord
+from vllm_localcluster.prometheus import PrometheusServer
+from vllm_localcluster.service_proxy import ServiceProxy
 
 GROUP_PATH = "/apis/vllm.autotuner.io/v1alpha1"
 NAMESPACE = "soak"

@@ -1,4 +1,6 @@
-"""`vllm-autotuner`: run the operator, print the CRDs, run the local demo, recommend flags."""
+"""`vllm-autotuner`: run the operator, print the CRDs, recommend flags.
+
+The one-machine demo lives in its own package: `vllm-localcluster demo` (`make demo`)."""
 
 from __future__ import annotations
 
@@ -297,48 +299,6 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = _subparser(
-        sub,
-        "demo",
-        "the whole closed loop on this machine: emulated cluster, vllm-sim pods, "
-        "the real Prometheus and the operator; writes a report",
-    )
-    p.add_argument("--out", type=Path, default=Path("demo-report"), help="report directory")
-    p.add_argument(
-        "--time-scale", type=POSITIVE, default=5.0, help="simulated seconds per wall second"
-    )
-    p.add_argument("--rate", type=POSITIVE, default=5.0, help="requests per simulated second")
-    p.add_argument("--workload", default="rag", help="vllm-sim workload preset")
-    p.add_argument("--max-minutes", type=POSITIVE, default=10.0, help="give up after this long")
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    import shutil
-
-    if _missing_extra("kmock", "demo", "demo") or _missing_extra("matplotlib", "demo", "demo"):
-        return 2
-
-    from vllm_autotuner.local.demo import DemoConfig, run_demo
-
-    if shutil.which("prometheus") is None and not Path("/usr/bin/prometheus").exists():
-        print(
-            "error: the demo needs the Prometheus server binary. On Debian/Ubuntu: "
-            "sudo apt-get install --no-install-recommends prometheus (or `make demo`, which "
-            "installs it); elsewhere put a Prometheus 2.x/3.x `prometheus` binary on PATH.",
-            file=sys.stderr,
-        )
-        return 2
-    config = DemoConfig(
-        out=args.out,
-        time_scale=args.time_scale,
-        rate=args.rate,
-        workload=args.workload,
-        max_minutes=args.max_minutes,
-    )
-    return run_demo(config)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-autotuner",
@@ -352,7 +312,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_crds(sub)
     _add_recommend(sub)
     _add_requests(sub)
-    _add_demo(sub)
     return parser
 
 
@@ -493,13 +452,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":  # kopf configures logging for the operator itself
-        level = logging.WARNING if args.command == "demo" else logging.INFO
-        logging.basicConfig(level=level, format="%(levelname)s %(name)s %(message)s")
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     handlers = {
         "run": cmd_run,
         "crds": cmd_crds,
         "recommend": cmd_recommend,
-        "demo": cmd_demo,
         **dict.fromkeys(REQUESTS, cmd_request),
     }
     return handlers[args.command](args)

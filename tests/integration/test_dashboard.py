@@ -15,7 +15,7 @@ from tests.support.prometheus import target_group, wait_for_query
 from tests.support.waiting import WaitTimeout
 from tests.unit.ship.test_monitoring import panel_queries
 from vllm_autotuner.adapters.metrics import OperatorMetrics
-from vllm_autotuner.local.prometheus import PrometheusServer
+from vllm_localcluster.prometheus import PrometheusServer
 from vllm_sim.loadgen import run_http
 from vllm_sim.workload import WorkloadSpec
 

@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.support.kube import KubeHandle, kube, kube_api, running_emulator  # noqa: F401
 from tests.support.waiting import wait_for
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 GROUP, VERSION = "example.dev", "v1"
 WIDGETS = f"/apis/{GROUP}/{VERSION}/namespaces/default/widgets"
@@ -781,7 +781,7 @@ def test_standalone_server_writes_a_kubeconfig_and_stops_on_sigterm(tmp_path: Pa
         [
             sys.executable,
             "-m",
-            "vllm_autotuner.local.emulator",
+            "vllm_localcluster.emulator",
             "--port",
             "0",
             "--kubeconfig",
@@ -1028,14 +1028,14 @@ def test_scale_subresource_through_the_client(kube_api: Any) -> None:  # noqa: F
     ],
 )
 def test_label_selector_semantics(selector: str, labels: dict[str, str], expected: bool) -> None:
-    from vllm_autotuner.local.emulator.selectors import Selector
+    from vllm_localcluster.emulator.selectors import Selector
 
     obj = {"metadata": {"labels": labels}}
     assert Selector.parse(selector, None).matches(obj) is expected
 
 
 def test_strategic_merge_of_ports_env_and_finalizers() -> None:
-    from vllm_autotuner.local.emulator.patching import strategic_merge_patch
+    from vllm_localcluster.emulator.patching import strategic_merge_patch
 
     live: dict[str, Any] = {
         "metadata": {"finalizers": ["a"]},

@@ -18,7 +18,7 @@ import pytest
 from tests.support.prometheus import wait_for_query
 from tests.support.waiting import wait_for
 from vllm_autotuner import API_VERSION
-from vllm_autotuner.local.cluster import LocalCluster
+from vllm_localcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.prometheus
 
@@ -138,7 +138,7 @@ def test_an_exception_inside_the_cluster_still_stops_everything(tmp_path: Path) 
 
 CHILD = """
 import json, sys, threading, time, urllib.request
-from vllm_autotuner.local.cluster import LocalCluster
+from vllm_localcluster.cluster import LocalCluster
 cluster = LocalCluster(with_prometheus=False, sim_env={"VLLM_SIM_LOAD_TIME": "0.2"}).start()
 request = urllib.request.Request(
     cluster.url + "/apis/apps/v1/namespaces/default/deployments",

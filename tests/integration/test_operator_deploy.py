@@ -19,7 +19,7 @@ from tests.support.cluster_api import (
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
 from vllm_autotuner import GROUP
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 FINALIZER = f"{GROUP}/finalizer"  # what kopf put on every VLLMDeployment while timers ran
 

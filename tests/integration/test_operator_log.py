@@ -20,7 +20,7 @@ import requests
 from tests.support.cluster_api import CR, CR_PATH, NS, POLICY, POLICY_PATH, Api
 from tests.support.cluster_api import api as api
 from tests.support.cluster_api import emulator as emulator
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 
 def _lines(stream: Any, out: queue.Queue[str]) -> None:

@@ -21,16 +21,16 @@ import pytest
 
 from tests.support.kube import KubeHandle, running_emulator
 from tests.support.waiting import wait_for
-from vllm_autotuner.local.pods import PORT_ANNOTATION, PodRunner, RunnerConfig
-from vllm_autotuner.local.runner import container as container_module
-from vllm_autotuner.local.runner import kubelet as kubelet_module
-from vllm_autotuner.local.runner.container import (
+from vllm_localcluster.pods import PORT_ANNOTATION, PodRunner, RunnerConfig
+from vllm_localcluster.runner import container as container_module
+from vllm_localcluster.runner import kubelet as kubelet_module
+from vllm_localcluster.runner.container import (
     gpu_for_node_selector,
     serve_args,
     termination_reason,
     with_local_address,
 )
-from vllm_autotuner.local.runner.workloads import (
+from vllm_localcluster.runner.workloads import (
     RevisionCounts,
     Strategy,
     rolling_targets,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.prometheus import target_group, wait_for_query
-from vllm_autotuner.local.prometheus import PrometheusServer
+from vllm_localcluster.prometheus import PrometheusServer
 
 
 def test_relative_workdir_scrapes_file_discovered_targets(

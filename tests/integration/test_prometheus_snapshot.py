@@ -36,10 +36,10 @@ from tests.support.waiting import async_wait_for, wait_for
 from vllm_autotuner.adapters.prometheus import PrometheusSource, SnapshotTarget
 from vllm_autotuner.core.snapshot import Snapshot, histogram_quantile
 from vllm_autotuner.core.tuning_types import Knobs, SLOTarget
-from vllm_autotuner.local.prometheus import PrometheusServer, free_port
+from vllm_localcluster.prometheus import PrometheusServer, free_port
 
 try:
-    from vllm_autotuner.local.prometheus import find_prometheus_binary
+    from vllm_localcluster.prometheus import find_prometheus_binary
 
     find_prometheus_binary()
     HAVE_PROMETHEUS = True

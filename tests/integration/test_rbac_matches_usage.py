@@ -20,7 +20,7 @@ from tests.support.helm import Rule, chart_rbac_rules
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
 from vllm_autotuner import GROUP
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 # Granted but not exercised by the emulator, each for a reason the emulator cannot show.
 NOT_EXERCISED: dict[Rule, str] = {

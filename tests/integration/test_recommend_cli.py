@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.sim.simproc import running_sim
 from tests.support.prometheus import target_group, wait_for_query
-from vllm_autotuner.local.prometheus import PrometheusServer
+from vllm_localcluster.prometheus import PrometheusServer
 from vllm_sim.loadgen import run_http
 from vllm_sim.workload import WorkloadSpec
 

@@ -12,7 +12,7 @@ from tests.support.cluster_api import api as api
 from tests.support.cluster_api import emulator as emulator
 from vllm_autotuner import cli
 from vllm_autotuner.core.commands import PAUSE_ANNOTATION, REQUEST_ANNOTATIONS
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 NAME = CR["metadata"]["name"]
 

@@ -26,8 +26,8 @@ from tests.support.cluster_api import CR, CR_PATH, NS, POLICY, POLICY_PATH, Api
 from tests.support.cluster_api import api as api
 from tests.support.cluster_api import emulator as emulator
 from tests.support.waiting import wait_for
-from vllm_autotuner.local.emulator import EmulatorServer
-from vllm_autotuner.local.prometheus import PrometheusServer
+from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.prometheus import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
 ONLY_FOR_DEMO_OR_RECOMMEND = {"matplotlib", "kmock", "prometheus-api-client", "dateparser"}

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from vllm_autotuner.api.crds import render_crds
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 NS = "team-a"
 CR_PATH = f"/apis/vllm.autotuner.io/v1alpha1/namespaces/{NS}/vllmdeployments"

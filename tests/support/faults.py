@@ -27,10 +27,10 @@ from vllm_autotuner.core.render import KNOBS_ANNOTATION
 from vllm_autotuner.core.snapshot import LatencySummary, Snapshot
 from vllm_autotuner.core.tuning_inputs import parse_knob_label
 from vllm_autotuner.core.tuning_types import Knobs
-from vllm_autotuner.local.emulator import EmulatorServer
-from vllm_autotuner.local.emulator.handler import Fault, RequestRecord
 from vllm_autotuner.observer import SnapshotSource
 from vllm_autotuner.operator import OperatorConfig
+from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.emulator.handler import Fault, RequestRecord
 
 START = Knobs(max_num_batched_tokens=8192, max_num_seqs=256, gpu_memory_utilization=0.92)
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})

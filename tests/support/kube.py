@@ -22,7 +22,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from vllm_autotuner.local.emulator import EmulatorServer, KubernetesAPIEmulator
+from vllm_localcluster.emulator import EmulatorServer, KubernetesAPIEmulator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRDS_DIR = REPO_ROOT / "crds"

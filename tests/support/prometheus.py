@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.waiting import wait_for
-from vllm_autotuner.local.prometheus import PrometheusServer
+from vllm_localcluster.prometheus import PrometheusServer
 
 Result = list[dict[str, Any]]
 

@@ -56,6 +56,10 @@ class Decision:
     prediction: Prediction | None = None
     # The search this decision ran or reused; the caller hands it back next time (`memo`).
     search_memo: SearchMemo | None = None
+    # What the model predicted at this decision, per pod at the observed workload: the applied
+    # knobs first, then the proposal (if any). For people (status, metrics) and benchmarks
+    # that hold the model to the ground truth.
+    predictions: tuple[tuple[Knobs, Prediction], ...] = ()
 
 
 def decide(

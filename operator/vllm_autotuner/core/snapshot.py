@@ -158,6 +158,9 @@ class Observation:
 
     snapshot: Snapshot
     pods: tuple[PodHealth, ...] = ()
+    # During a canary trial: `snapshot` covers the baseline pods and `canary` the canary pod,
+    # over the same window, so that the two are compared under the same traffic.
+    canary: Snapshot | None = None
 
 
 def _bad_numbers(obj: object, prefix: str = "") -> list[str]:

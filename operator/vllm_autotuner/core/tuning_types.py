@@ -24,11 +24,15 @@ Phase = Literal[
     "Candidate",
     "RollingOut",
     "Verifying",
+    "Promoting",
     "Committed",
     "RolledBack",
     "Holding",
 ]
-Action = Literal["hold", "recommend", "rollout", "verify", "commit", "rollback"]
+Action = Literal["hold", "recommend", "rollout", "verify", "promote", "commit", "rollback"]
+# How a trial runs: on every pod at once (before/after verdict), or first on one canary pod
+# beside the baseline pods (paired verdict, then promotion to every pod).
+Strategy = Literal["Rolling", "Canary"]
 TrialOutcome = Literal["Pending", "Committed", "RolledBack", "Crashed", "NotReady", "OOMKilled"]
 EventType = Literal["Normal", "Warning"]
 # Why a configuration is remembered as bad. The first three are hidden constraints (memory,
@@ -198,6 +202,24 @@ class TuningPolicy:
 
 
 @dataclass(frozen=True)
+class RolloutSettings:
+    """How a change may be rolled out on this deployment's cluster (spec.rollout).
+
+    `max_surge`: pods a rollout may add beyond the replica count (0 on full GPU nodes).
+    `canary`: with two replicas or more, a candidate runs first on one pod.
+    `shutdown_timeout_s`: vLLM's --shutdown-timeout, the drain of every restart.
+    `pre_stop_s`: the pre-stop delay that lets endpoints drop a pod before SIGTERM.
+    `load_time_s`: the expected time from a pod's start to ready (weights, compile, graphs).
+    """
+
+    max_surge: int = 0
+    canary: bool = True
+    shutdown_timeout_s: float = 120.0
+    pre_stop_s: float = 5.0
+    load_time_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class DeploymentContext:
     """What the tuner knows about the deployment besides its knobs (from the CR spec)."""
 
@@ -209,6 +231,7 @@ class DeploymentContext:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     replicas: int = 1
+    rollout: RolloutSettings = RolloutSettings()
 
 
 @dataclass(frozen=True)
@@ -452,6 +475,9 @@ class TuningState:
     last_good: Knobs
     phase: Phase = "Idle"
     candidate: Knobs | None = None
+    # How the trial in flight runs (meaningful in RollingOut, Verifying and Promoting). During
+    # a canary, `applied` stays the baseline's knobs and `candidate` runs on the canary pod.
+    strategy: Strategy = "Rolling"
     recommendation: Recommendation | None = None
     last_decision: DecisionRecord | None = None
     rollout_started_at: datetime | None = None
@@ -496,6 +522,7 @@ class TuningState:
             "applied": self.applied.to_dict(),
             "lastGood": self.last_good.to_dict(),
             "candidate": None if self.candidate is None else self.candidate.to_dict(),
+            "strategy": self.strategy,
             "recommendation": (
                 None if self.recommendation is None else self.recommendation.to_dict()
             ),
@@ -523,6 +550,7 @@ class TuningState:
             applied=Knobs.from_dict(d["applied"]),
             last_good=Knobs.from_dict(d.get("lastGood") or d["applied"]),
             candidate=None if cand is None else Knobs.from_dict(cand),
+            strategy=cast(Strategy, d.get("strategy") or "Rolling"),
             recommendation=None if rec is None else Recommendation.from_dict(rec),
             last_decision=None if last is None else DecisionRecord.from_dict(last),
             rollout_started_at=_parse(d.get("rolloutStartedAt")),

@@ -39,7 +39,7 @@ from tests.support.faults import (
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.render import KNOBS_ANNOTATION
 from vllm_autotuner.core.tuning_inputs import parse_knob_label
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 
 def _converged(api: Api, generation: int) -> dict[str, Any] | None:

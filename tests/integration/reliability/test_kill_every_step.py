@@ -40,8 +40,8 @@ from tests.support.faults import (
 )
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.tuning_types import Knobs
-from vllm_autotuner.local.emulator import EmulatorServer
-from vllm_autotuner.local.emulator.handler import RequestRecord
+from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.emulator.handler import RequestRecord
 
 # A start the synthetic fleet is happy with (SLO met, no gain worth a rollout): Observing.
 CONTENT = Knobs(max_num_batched_tokens=2752, max_num_seqs=256, gpu_memory_utilization=0.89)

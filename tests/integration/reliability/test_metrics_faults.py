@@ -33,7 +33,7 @@ from tests.support.faults import (
     wait_some,
 )
 from tests.support.waiting import wait_for
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 # What MetricsAvailable's message must mention for each kind of bad data.
 EXPECTED_REASON = {

@@ -28,7 +28,7 @@ from tests.support.faults import (
 )
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.tuning_types import Knobs
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 
 def _ended(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:

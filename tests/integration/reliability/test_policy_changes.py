@@ -26,7 +26,7 @@ from tests.support.faults import (
 )
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.tuning_types import Knobs
-from vllm_autotuner.local.emulator import EmulatorServer
+from vllm_localcluster.emulator import EmulatorServer
 
 
 def _pending(api: Api) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import requests
 
 from tests.support.waiting import wait_for
-from vllm_autotuner.local.prometheus import free_port
+from vllm_localcluster.prometheus import free_port
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -1,4 +1,4 @@
-"""The Prometheus launcher of vllm_autotuner.local (the real binary where it can run)."""
+"""The Prometheus launcher of vllm_localcluster (the real binary where it can run)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.prometheus import scalar, target_group, wait_for_targets_up
-from vllm_autotuner.local import prometheus as launcher
-from vllm_autotuner.local.prometheus import PrometheusError, PrometheusServer
+from vllm_localcluster import prometheus as launcher
+from vllm_localcluster.prometheus import PrometheusError, PrometheusServer
 
 
 def test_missing_binary_says_how_to_install(

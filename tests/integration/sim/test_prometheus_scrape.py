@@ -13,7 +13,7 @@ import requests
 
 from tests.integration.sim.simproc import MODEL, SimProcess, running_sim
 from tests.support.prometheus import target_group, wait_for_query, wait_for_targets_up
-from vllm_autotuner.local.prometheus import PrometheusServer
+from vllm_localcluster.prometheus import PrometheusServer
 
 pytestmark = pytest.mark.prometheus
 

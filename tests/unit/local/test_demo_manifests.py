@@ -8,7 +8,7 @@ import yaml
 
 from tests.support.crd_validation import validate
 from vllm_autotuner.api.crds import deployment_crd, policy_crd
-from vllm_autotuner.local.demo import DEMO_DEPLOYMENT, DEMO_POLICY
+from vllm_localcluster.demo import DEMO_DEPLOYMENT, DEMO_POLICY
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

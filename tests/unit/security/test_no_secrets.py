@@ -25,8 +25,8 @@ from bench.scale.promstub import StubPrometheus
 from tests.support.operator_runner import OperatorThread
 from tests.support.waiting import wait_for
 from vllm_autotuner.adapters.kube import KubeCredentials
-from vllm_autotuner.local.emulator import EmulatorServer
 from vllm_autotuner.operator import OperatorConfig
+from vllm_localcluster.emulator import EmulatorServer
 
 REPO = Path(__file__).resolve().parents[3]
 GROUP_PATH = "/apis/vllm.autotuner.io/v1alpha1"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_autotuner.local.emulator.schema import ResourceType
+from vllm_localcluster.emulator.schema import ResourceType
 
 
 class ApiError(Exception):

@@ -23,7 +23,7 @@ import aiohttp
 
 from vllm_autotuner import GROUP
 from vllm_autotuner.adapters.kube import KubeClient, NotFound
-from vllm_autotuner.local.runner.container import (
+from vllm_localcluster.runner.container import (
     Process,
     UnsupportedCommand,
     container_env,
@@ -34,7 +34,7 @@ from vllm_autotuner.local.runner.container import (
     spawn,
     termination_reason,
 )
-from vllm_autotuner.local.runner.objects import (
+from vllm_localcluster.runner.objects import (
     RunnerConfig,
     StatusWriter,
     TargetGroups,

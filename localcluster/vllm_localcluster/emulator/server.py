@@ -17,7 +17,7 @@ from typing import Any, Self
 import aiohttp.web
 import yaml
 
-from vllm_autotuner.local.emulator.handler import KubernetesAPIEmulator
+from vllm_localcluster.emulator.handler import KubernetesAPIEmulator
 
 
 class EmulatorServer:

@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_autotuner.adapters.kube import Conflict, KubeClient, KubeCredentials, NotFound
-from vllm_autotuner.local.runner.kubelet import Kubelet
-from vllm_autotuner.local.runner.objects import (
+from vllm_localcluster.runner.kubelet import Kubelet
+from vllm_localcluster.runner.objects import (
     DEPLOYMENTS,
     PODS,
     REPLICASETS,
@@ -51,7 +51,7 @@ from vllm_autotuner.local.runner.objects import (
     revision,
     rs_path,
 )
-from vllm_autotuner.local.runner.workloads import (
+from vllm_localcluster.runner.workloads import (
     DEFAULT_PROGRESS_DEADLINE_S,
     REVISION_ANNOTATION,
     TEMPLATE_HASH_LABEL,

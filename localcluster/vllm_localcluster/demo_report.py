@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vllm_autotuner.local.demo import Timeline
+    from vllm_localcluster.demo import Timeline
 
 
 def _plot(path: Path, timeline: Timeline, policy: dict[str, Any]) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_autotuner.adapters.kube import KubeClient, NotFound
-from vllm_autotuner.local.runner.container import SIM_COMMAND
-from vllm_autotuner.local.runner.workloads import REVISION_ANNOTATION
+from vllm_localcluster.runner.container import SIM_COMMAND
+from vllm_localcluster.runner.workloads import REVISION_ANNOTATION
 
 PODS = "/api/v1/pods"
 REPLICASETS = "/apis/apps/v1/replicasets"

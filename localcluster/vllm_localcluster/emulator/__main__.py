@@ -1,4 +1,4 @@
-"""`python -m vllm_autotuner.local.emulator`: a standalone emulated API server for the demo,
+"""`python -m vllm_localcluster.emulator`: a standalone emulated API server for the demo,
 e2e scripts and manual kubectl sessions."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import asyncio
 import signal
 import sys
 
-from vllm_autotuner.local.emulator.server import EmulatorServer
+from vllm_localcluster.emulator.server import EmulatorServer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_autotuner.local.emulator")
+    parser = argparse.ArgumentParser(prog="python -m vllm_localcluster.emulator")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--kubeconfig", help="write a kubeconfig for the server here")

@@ -10,7 +10,7 @@ whether the caller returned, raised or was interrupted with Ctrl-C.
         cluster.kubeconfig      # point the operator (or kubectl --validate=false) at it
         cluster.prometheus_url  # point the operator's Prometheus adapter at it
 
-Standalone, until Ctrl-C or SIGTERM: `python -m vllm_autotuner.local.cluster --workdir run`.
+Standalone, until Ctrl-C or SIGTERM: `python -m vllm_localcluster.cluster --workdir run`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from types import FrameType, TracebackType
 from typing import Any, Self
 
 from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials
-from vllm_autotuner.local.emulator import EmulatorServer
-from vllm_autotuner.local.prometheus import PrometheusServer
-from vllm_autotuner.local.runner import SIM_COMMAND, PodRunner, RunnerConfig
+from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.prometheus import PrometheusServer
+from vllm_localcluster.runner import SIM_COMMAND, PodRunner, RunnerConfig
 
 
 def project_crds() -> list[dict[str, Any]]:
@@ -205,7 +205,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m vllm_autotuner.local.cluster",
+        prog="python -m vllm_localcluster.cluster",
         description="API emulator + pod runner + Prometheus on this machine, until Ctrl-C.",
     )
     parser.add_argument("--workdir", default="local-cluster", help="kubeconfig, logs, TSDB")

@@ -1,4 +1,4 @@
-"""`vllm-autotuner demo`: the whole closed loop on one machine, no cluster and no GPU.
+"""`vllm-localcluster demo`: the whole closed loop on one machine, no cluster and no GPU.
 
 It starts the one-machine cluster (API emulator, pod runner with vllm-sim pods, the real
 Prometheus), a Service in front of the pods, the real operator (the same `run` entry point,
@@ -26,8 +26,8 @@ from typing import Any, TextIO
 
 import requests
 
-from vllm_autotuner.local.cluster import LocalCluster
-from vllm_autotuner.local.service_proxy import ServiceProxy
+from vllm_localcluster.cluster import LocalCluster
+from vllm_localcluster.service_proxy import ServiceProxy
 
 NAMESPACE = "default"
 NAME = "demo"
@@ -356,7 +356,7 @@ class Demo:
     # ------------------------------------------------------------------------ report
 
     def _report(self, converged: bool) -> None:
-        from vllm_autotuner.local.demo_report import write_report
+        from vllm_localcluster.demo_report import write_report
 
         final = self._api("GET", f"{CR_PATH}/{NAME}") or {}
         events = self._api(

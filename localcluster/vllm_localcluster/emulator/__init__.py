@@ -12,7 +12,7 @@ Usage::
         server.emulator.get_object("apps/v1/deployments", "default", "llama")
         server.emulator.requests_matching(verb="patch", resource="vllmdeployments")
 
-Standalone: ``python -m vllm_autotuner.local.emulator --port 0 --kubeconfig PATH [--crds DIR]``.
+Standalone: ``python -m vllm_localcluster.emulator --port 0 --kubeconfig PATH [--crds DIR]``.
 
 Emulated: discovery (built-ins from kmock's K3s snapshot, CRDs registered from manifests or
 created through the API), create/get/list/update/patch (merge, strategic, JSON, server-side
@@ -30,16 +30,16 @@ drops are removed; conflicts with other managers are never reported), Table outp
 controllers other than the garbage collector and namespace cleanup (no Deployment -> Pod).
 """
 
-from vllm_autotuner.local.emulator.errors import ApiError
-from vllm_autotuner.local.emulator.handler import (
+from vllm_localcluster.emulator.errors import ApiError
+from vllm_localcluster.emulator.handler import (
     Fault,
     KubernetesAPIEmulator,
     RequestRecord,
     parse_api_path,
 )
-from vllm_autotuner.local.emulator.schema import ResourceType
-from vllm_autotuner.local.emulator.server import EmulatorServer
-from vllm_autotuner.local.emulator.store import ObjectStore
+from vllm_localcluster.emulator.schema import ResourceType
+from vllm_localcluster.emulator.server import EmulatorServer
+from vllm_localcluster.emulator.store import ObjectStore
 
 __all__ = [
     "ApiError",

@@ -25,11 +25,11 @@ import aiohttp.web
 import kmock
 import yaml
 
-from vllm_autotuner.local.emulator import errors
-from vllm_autotuner.local.emulator.errors import ApiError
-from vllm_autotuner.local.emulator.schema import ResourceType
-from vllm_autotuner.local.emulator.selectors import Selector, SelectorError
-from vllm_autotuner.local.emulator.store import ObjectStore, StoredEvent
+from vllm_localcluster.emulator import errors
+from vllm_localcluster.emulator.errors import ApiError
+from vllm_localcluster.emulator.schema import ResourceType
+from vllm_localcluster.emulator.selectors import Selector, SelectorError
+from vllm_localcluster.emulator.store import ObjectStore, StoredEvent
 
 logger = logging.getLogger(__name__)
 

@@ -27,17 +27,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_autotuner.local.emulator import errors, patching
-from vllm_autotuner.local.emulator.defaults import apply_builtin_defaults
-from vllm_autotuner.local.emulator.errors import ApiError
-from vllm_autotuner.local.emulator.schema import (
+from vllm_localcluster.emulator import errors, patching
+from vllm_localcluster.emulator.defaults import apply_builtin_defaults
+from vllm_localcluster.emulator.errors import ApiError
+from vllm_localcluster.emulator.schema import (
     CRDVersions,
     ResourceType,
     builtin_types,
     crd_types,
     prune_and_default,
 )
-from vllm_autotuner.local.emulator.selectors import Selector
+from vllm_localcluster.emulator.selectors import Selector
 
 GroupResource = tuple[str, str]
 ObjectKey = tuple[str, str]  # (namespace or "", name)

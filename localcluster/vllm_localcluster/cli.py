@@ -1,0 +1,69 @@
+"""`vllm-localcluster`: the one-machine cluster and the demo that runs the operator on it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the whole closed loop on this machine: a local cluster, vllm-sim pods, "
+        "the real Prometheus and the operator; writes a report",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", type=Path, default=Path("demo-report"), help="report directory")
+    p.add_argument(
+        "--time-scale", type=float, default=5.0, help="simulated seconds per wall second"
+    )
+    p.add_argument("--rate", type=float, default=5.0, help="requests per simulated second")
+    p.add_argument("--workload", default="rag", help="vllm-sim workload preset")
+    p.add_argument("--max-minutes", type=float, default=10.0, help="give up after this long")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from vllm_localcluster.demo import DemoConfig, run_demo
+
+    if shutil.which("prometheus") is None and not Path("/usr/bin/prometheus").exists():
+        print(
+            "error: the demo needs the Prometheus server binary. On Debian/Ubuntu: "
+            "sudo apt-get install --no-install-recommends prometheus (or `make demo`, which "
+            "installs it); elsewhere put a Prometheus 2.x/3.x `prometheus` binary on PATH.",
+            file=sys.stderr,
+        )
+        return 2
+    config = DemoConfig(
+        out=args.out,
+        time_scale=args.time_scale,
+        rate=args.rate,
+        workload=args.workload,
+        max_minutes=args.max_minutes,
+    )
+    return run_demo(config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-localcluster",
+        description="A Kubernetes cluster on this machine (pods run as vllm-sim processes) "
+        "and the demo that runs the operator on it.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    handlers = {"demo": cmd_demo}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
