@@ -147,6 +147,9 @@ class ObservedMetrics(StatusModel):
     running: float | None = Field(default=None, ge=0)
     waiting: float | None = Field(default=None, ge=0)
     slo_met: bool | None = Field(default=None, alias="sloMet")
+    knobs: Knobs | None = Field(
+        default=None, description="The knobs of the revision these numbers were measured on."
+    )
 
 
 class HandledRequests(StatusModel):
