@@ -7,14 +7,17 @@
 #   docker build -t vllm-autotuner:0.1.0 .
 #   docker build --target vllm-sim -t vllm-sim:0.1.0 .
 #
-# The base image is pinned by tag. Release builds should pin it by digest as well
-# (--build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest>) and let Renovate or
-# Dependabot bump the digest, so that rebuilds pick up OS security fixes deliberately.
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The base image is pinned by digest: a rebuild gets the same OS packages until the digest is
+# bumped deliberately (Renovate or Dependabot can do it). The default is the multi-arch index of
+# python:3.11-slim-bookworm; re-pin with `docker buildx imagetools inspect
+# python:3.11-slim-bookworm`, or build from the moving tag with
+# --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm (docs/operations.md#the-images).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 
 # ---------------------------------------------------------------------------------------------
-# builder: build this repository's wheel and install it with its dependencies into /opt/venv.
-# All dependencies ship manylinux wheels, so no compiler is needed even here.
+# builder: build this repository's wheel and install it with its runtime dependencies (no
+# extras: nothing the demo or `recommend` alone need) into /opt/venv. All dependencies ship
+# manylinux wheels, so no compiler is needed even here.
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -23,12 +26,17 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY sim/ sim/
-# The root filesystem is read-only at run time, so the bytecode is compiled here.
+# The root filesystem is read-only at run time, so the bytecode is compiled here. The venv
+# keeps no installer (pip, setuptools, wheel), and not the kubernetes package's asyncio client
+# (kubernetes/aio, 68 MB on disk), which nothing in the operator imports.
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --upgrade pip setuptools wheel \
     && /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels . \
     && /opt/venv/bin/pip install /wheels/*.whl \
     && /opt/venv/bin/pip uninstall --yes setuptools wheel \
+    && rm -rf /opt/venv/lib/python3.11/site-packages/kubernetes/aio \
+    && /opt/venv/bin/pip freeze --all > /opt/venv/packages.txt \
+    && /opt/venv/bin/python -m pip uninstall --yes pip \
     && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """vllm-sim's step-time and KV model against measured vLLM numbers, with % error.
 
-Points: simulator-calibration.md §1.2 (fixed-batch decode, prefill MFU) and
-real-vllm-measurements.md (§2 KV blocks, §3 steady-state serving runs on H100, §4 CI batch-8
-latency). The goal is within 10%; every constant lives in vllm_sim.steptime.Calibration and
+Points: fixed-batch decode and prefill MFU (vLLM's CI latency benchmark and a weights
+roofline), KV blocks and steady-state serving runs on H100 (the inference-sim project's runs,
+github.com/inference-sim/training), and vLLM CI batch-8 latency. The goal is within 10%; every
+constant lives in vllm_sim.steptime.Calibration and
 vllm_sim.kv.MemoryConstants. Run: .venv/bin/python bench/sim_calibration_points.py
 """
 
@@ -46,7 +47,7 @@ def prefill_ms(model: str, gpu: str, tp: int, tokens: int) -> float:
 
 def serving(model: str, tp: int, rate: float, prompt: int, out: int, groups: int,
             prefix: int, seconds: float = 300.0, seed: int = 0) -> tuple[float, float]:  # fmt: skip
-    """real-vllm-measurements.md §2 setup: H100, mbt 2048, mns 128, util 0.90, len 4096,
+    """The inference-sim runs' setup: H100, mbt 2048, mns 128, util 0.90, len 4096,
     Poisson arrivals; returns mean TTFT and TPOT (ms), warm-up dropped.
 
     inference-perf's shared_prefix data reuse a fixed set of `groups` whole prompts, so prefix

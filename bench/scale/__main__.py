@@ -2,7 +2,8 @@
 [--interval S] [--out DIR]`: the operator at scale, with the numbers docs/scale.md quotes.
 
 Goals (issue 8): p99 reconcile under 1 s, Prometheus queries per cycle independent of the
-number of deployments, zero API writes in an idle cycle, operator memory under 256 MiB.
+number of deployments, zero API writes in an idle cycle, operator memory at most 320 MiB
+(issue 17: with the kubernetes package; 256 MiB before it).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def verdict(results: list[RunResult]) -> list[str]:
         out.append(
             f"{r.deployments}: p99 < 1 s: {'yes' if p99 is not None and p99 < 1 else 'NO'}; "
             f"zero idle writes: {'yes' if r.idle_writes == 0 else 'NO ' + str(r.idle_writes_by_resource)}; "  # noqa: E501
-            f"memory < 256 MiB: {'yes' if r.hwm_mib < 256 else 'NO'}"
+            f"memory <= 320 MiB: {'yes' if r.hwm_mib <= 320 else 'NO'}"
         )
     sizes = [statistics.median(r.queries_per_cycle) for r in results if r.queries_per_cycle]
     if sizes:

@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp.web
 
-# vLLM's metric names as the adapter discovers them (vllm.md §1); one spelling is enough here.
+# vLLM's metric names as the adapter discovers them (vLLM loggers.py); one spelling is enough here.
 HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2),
     "vllm:inter_token_latency_seconds": (0.01, 0.02, 0.03, 0.04, 0.06, 0.1, 0.2),

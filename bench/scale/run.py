@@ -243,7 +243,7 @@ def _run(
                 "--prometheus-url",
                 prom.url,
                 "--reconcile-interval",
-                str(interval_s),
+                f"{interval_s:g}s",
                 "--metrics-port",
                 str(metrics_port),
                 "--liveness-port",

@@ -1,14 +1,14 @@
 """The tuning methods compared on each scenario, all inside the policy's bounds.
 
-- `defaults`: vLLM's per-GPU defaults (vllm.md §2.2), never changed.
-- `auto_tune`: vLLM's benchmarks/auto_tune/auto_tune.sh procedure (vllm.md §6.1): the
+- `defaults`: vLLM's per-GPU defaults (vLLM arg_utils.py), never changed.
+- `auto_tune`: vLLM's benchmarks/auto_tune/auto_tune.sh procedure (vLLM auto_tune.sh): the
   gpu_memory_utilization probe from 0.98 down in 0.01 steps (kept: the first that starts), then
   the NUM_SEQS_LIST x NUM_BATCHED_TOKENS_LIST grid (128 256 x 512 1024 2048 4096), each measured
   with 1000 prompts at rate inf and, when that misses the latency limit, 100-prompt runs from
   int(throughput)+1 down to 1 req/s; best throughput wins. Its limit is on P99 E2E only; here it
   is given the scenario's SLO percentiles instead (a user would patch the script so).
 - `random`: random search over the knob space, each trial a capacity benchmark.
-- `bo`: Bayesian optimisation in the manner of SCOOT (peers.md §1): a GP (Matern 5/2, fitted
+- `bo`: Bayesian optimisation in the manner of SCOOT (arXiv 2408.04323): a GP (Matern 5/2, fitted
   by marginal likelihood) with expected improvement, a feasibility classifier for hidden
   constraints (distance-weighted kNN standing in for SCOOT's random forest) with SCOOT's
   adaptive threshold, and the default configuration as the first (reference) point.

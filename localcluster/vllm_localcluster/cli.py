@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vllm_autotuner.cli import POSITIVE
+
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -19,11 +21,19 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--out", type=Path, default=Path("demo-report"), help="report directory")
     p.add_argument(
-        "--time-scale", type=float, default=5.0, help="simulated seconds per wall second"
+        "--time-scale", type=POSITIVE, default=5.0, help="simulated seconds per wall second"
     )
-    p.add_argument("--rate", type=float, default=5.0, help="requests per simulated second")
+    p.add_argument("--rate", type=POSITIVE, default=5.0, help="requests per simulated second")
     p.add_argument("--workload", default="rag", help="vllm-sim workload preset")
-    p.add_argument("--max-minutes", type=float, default=10.0, help="give up after this long")
+    p.add_argument(
+        "--max-minutes", type=POSITIVE, default=10.0, help="give up converging after this long"
+    )
+    p.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="after convergence, go on serving, tuning and printing until Ctrl-C; the report "
+        "is written at convergence and again at the end",
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -43,6 +53,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         rate=args.rate,
         workload=args.workload,
         max_minutes=args.max_minutes,
+        keep_running=args.keep_running,
     )
     return run_demo(config)
 
@@ -52,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vllm-localcluster",
         description="A Kubernetes cluster on this machine (pods run as vllm-sim processes) "
         "and the demo that runs the operator on it.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)

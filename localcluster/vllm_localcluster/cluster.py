@@ -100,7 +100,7 @@ class LocalCluster:
         return self.prometheus.url
 
     def credentials(self) -> KubeCredentials:
-        return KubeCredentials(server=self.url)
+        return KubeCredentials.for_server(self.url)
 
     def kube_client(self) -> KubeClient:
         """An async client for the caller's own event loop (close it there)."""

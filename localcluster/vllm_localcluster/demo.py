@@ -27,6 +27,7 @@ from typing import Any, TextIO
 import requests
 
 from vllm_localcluster.cluster import LocalCluster
+from vllm_localcluster.narration import Narrator, console_line, knob_label
 from vllm_localcluster.service_proxy import ServiceProxy
 
 NAMESPACE = "default"
@@ -78,10 +79,15 @@ class DemoConfig:
     settle_after_commit_s: float = 40.0
     reconcile_interval_s: float = 3.0
     keep_workdir: bool = False
+    keep_running: bool = False  # after convergence, until Ctrl-C
 
 
 @dataclass
 class Sample:
+    """One poll of the VLLMDeployment's status. `knobs` are the knobs the latencies were
+    measured on (status.observed.knobs), `applied` what the Deployment runs; `failed` counts
+    the requests the Service could not serve so far."""
+
     t: float
     phase: str | None
     knobs: str | None
@@ -91,6 +97,8 @@ class Sample:
     rate: float | None
     slo_met: str | None
     ready: str | None
+    applied: str | None = None
+    failed: int = 0
 
 
 @dataclass
@@ -119,6 +127,8 @@ class Demo:
         self._load_task: asyncio.Task[Any] | None = None
         self.load_result: Any = None
         self.started = time.monotonic()
+        self.narrator = Narrator()
+        self._last_line = 0.0  # when the last state line was printed (monotonic)
 
     # ------------------------------------------------------------------------ output
 
@@ -142,20 +152,45 @@ class Demo:
             self.cluster = LocalCluster(workdir=workdir, time_scale=cfg.time_scale,
                                         speed=cfg.time_scale)  # fmt: skip
             self.cluster.start()
+            self.say(
+                f"cluster up: KUBECONFIG={self.cluster.kubeconfig.resolve()} "
+                f"(kubectl get vllmd beside the demo); Prometheus {self.cluster.prometheus_url}"
+            )
             self.proxy = ServiceProxy(lambda: self._endpoints()).start_in_thread()
             self._start_operator(workdir)
             self._apply()
             self._wait_for_pods()
             self._start_load()
             converged = self._watch()
-            self._stop_load()
             self._report(converged)
+            if cfg.keep_running:
+                self._keep_running(converged)
+            self._stop_load()
             return 0 if converged else 1
         except KeyboardInterrupt:
             self.say("interrupted: stopping everything")
             return 130
         finally:
             self.shutdown()
+
+    def _keep_running(self, converged: bool) -> None:
+        """Go on serving, tuning and printing until Ctrl-C (or SIGTERM); then the report is
+        written again with everything that happened."""
+        assert self.cluster is not None
+        self.say(
+            "still running: press Ctrl-C to stop. kubectl: "
+            f"KUBECONFIG={self.cluster.kubeconfig.resolve()} kubectl get vllmd; "
+            f"Prometheus: {self.cluster.prometheus_url}"
+        )
+        try:
+            while True:
+                self._ensure_load()
+                self._observe(print_every_s=30.0)
+                time.sleep(2.0)
+        except KeyboardInterrupt:
+            self.say("Ctrl-C: writing the report and stopping")
+            self._stop_load()
+            self._report(converged)
 
     def shutdown(self) -> None:
         self._stop_load()
@@ -265,6 +300,13 @@ class Demo:
             f"({cfg.rate * cfg.time_scale:g} req/s wall) through the Service"
         )
 
+    def _ensure_load(self) -> None:
+        """Traffic never stops while the demo keeps running: a new chunk when one ends."""
+        if self._load_thread is not None and not self._load_thread.is_alive():
+            self._load_thread = None
+            self._load_loop = self._load_task = None
+            self._start_load()
+
     def _stop_load(self) -> None:
         if self._load_loop is not None and self._load_task is not None:
             with contextlib.suppress(RuntimeError):
@@ -280,66 +322,47 @@ class Demo:
         status = dict(obj.get("status") or {})
         tuning = dict(status.get("tuning") or {})
         observed = dict(status.get("observed") or {})
-        applied = tuning.get("applied") or {}
-        knobs = (
-            f"mnbt={applied.get('maxNumBatchedTokens')},mns={applied.get('maxNumSeqs')},"
-            f"gmu={applied.get('gpuMemoryUtilization')}"
-            if applied
-            else None
-        )
         self.timeline.samples.append(
             Sample(
                 t=time.monotonic() - self.started,
                 phase=tuning.get("phase"),
-                knobs=knobs,
+                knobs=knob_label(observed.get("knobs")),
                 ttft_p95=observed.get("ttftP95Ms"),
                 itl_p95=observed.get("itlP95Ms"),
                 kv=observed.get("kvCacheUsage"),
                 rate=observed.get("requestRate"),
                 slo_met=_condition(status, "SLOMet").get("status"),
                 ready=_condition(status, "Ready").get("status"),
+                applied=knob_label(tuning.get("applied")),
+                failed=self.proxy.refused if self.proxy is not None else 0,
             )
         )
+        return status
+
+    def _observe(self, print_every_s: float = 10.0) -> dict[str, Any]:
+        """Sample the status, print every new decision, and a state line now and then."""
+        status = self._sample()
+        for action, reason in self.narrator.news(status, self._events()):
+            self.timeline.decisions.append((time.monotonic() - self.started, action, reason))
+            self.say(f"decision: {action}: {reason}")
+        now = time.monotonic()
+        if now - self._last_line >= print_every_s:
+            self._last_line = now
+            failed = self.proxy.refused if self.proxy is not None else None
+            self.say(console_line(status, DEMO_POLICY["spec"]["slo"], failed))
         return status
 
     def _watch(self) -> bool:
         cfg = self.config
         deadline = self.started + cfg.max_minutes * 60.0
-        last_said: tuple[str, str] | None = None
-        last_line = 0.0
         committed_at: float | None = None
         while time.monotonic() < deadline:
             if self.operator is not None and self.operator.poll() is not None:
                 self.say(f"the operator exited with code {self.operator.returncode}")
                 return False
-            status = self._sample()
+            status = self._observe()
             tuning = dict(status.get("tuning") or {})
-            decision = tuning.get("lastDecision") or {}
-            reason = decision.get("reason")
-            action = str(decision.get("action"))
-            key = (action, str(tuning.get("phase")))
-            if reason and key != last_said:
-                # One line per change of what the tuner is doing, not per repeated hold.
-                last_said = key
-                t = time.monotonic() - self.started
-                self.timeline.decisions.append((t, action, reason))
-                self.say(f"decision: {action}: {reason}")
             now = time.monotonic()
-            if now - last_line >= 10:
-                last_line = now
-                s = self.timeline.samples[-1]
-                slo = DEMO_POLICY["spec"]["slo"]
-
-                def ms(v: float | None) -> str:
-                    return "  n/a " if v is None else f"{v:6.1f}"
-
-                self.say(
-                    f"phase={s.phase or '-':10s} {s.knobs or '-'}  "
-                    f"TTFT p95 {ms(s.ttft_p95)} ms (<= {slo['ttft']['thresholdMs']})  "
-                    f"ITL p95 {ms(s.itl_p95)} ms (<= {slo['itl']['thresholdMs']})  "
-                    f"KV {'n/a' if s.kv is None else f'{100 * s.kv:.0f}%'}  "
-                    f"SLO met: {s.slo_met or 'Unknown'}  Ready: {s.ready or '-'}"
-                )
             trials = tuning.get("trials") or []
             if committed_at is None and any(t.get("outcome") == "Committed" for t in trials):
                 committed_at = now
@@ -355,19 +378,23 @@ class Demo:
 
     # ------------------------------------------------------------------------ report
 
+    def _events(self) -> list[dict[str, Any]]:
+        """The Events of the VLLMDeployment (the operator's Kubernetes Events)."""
+        found = self._api(
+            "GET",
+            f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector=involvedObject.name%3D{NAME}",
+        )
+        return list((found or {}).get("items") or [])
+
     def _report(self, converged: bool) -> None:
         from vllm_localcluster.demo_report import write_report
 
         final = self._api("GET", f"{CR_PATH}/{NAME}") or {}
-        events = self._api(
-            "GET",
-            f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector=involvedObject.name%3D{NAME}",
-        ) or {"items": []}
         paths = write_report(
             self.config.out,
             self.timeline,
             final,
-            events.get("items", []),
+            self._events(),
             DEMO_POLICY,
             converged,
             self.proxy,

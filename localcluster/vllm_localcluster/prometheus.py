@@ -3,7 +3,7 @@
 Targets come from file-based service discovery, so the set of scraped pods can change while the
 server runs (pods of a rollout come and go) without a restart: `set_targets` rewrites the targets
 file atomically and Prometheus picks it up. Two delays are inherent to Prometheus 2.x and budget
-about 7 s before the first `rate()` has data (testing-infrastructure.md §3): the discovery manager
+about 7 s before the first `rate()` has data (client_python #1177): the discovery manager
 publishes new targets at most every 5 s, and `rate()` needs two scrapes.
 
 Only the standard library is used: this is plain process and HTTP plumbing.

@@ -24,8 +24,14 @@ from vllm_autotuner.adapters.promql import SnapshotTarget
 from vllm_autotuner.api.deployment import VLLMDeploymentSpec
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
 from vllm_autotuner.core import render
+from vllm_autotuner.core.commands import (
+    PAUSE_ANNOTATION,
+    forget_latest_block,
+    hold_while_paused,
+    read_commands,
+)
 from vllm_autotuner.core.conditions import ConditionUpdate
-from vllm_autotuner.core.decide import decide
+from vllm_autotuner.core.decide import Decision, canary_command, decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
 from vllm_autotuner.core.policy import Resolution, resolve
 from vllm_autotuner.core.rollout import adopt_unrecorded
@@ -46,6 +52,7 @@ from vllm_autotuner.core.tuning_inputs import (
 )
 from vllm_autotuner.core.tuning_types import (
     SLO,
+    Commands,
     DeploymentContext,
     Knobs,
     TuningPolicy,
@@ -55,6 +62,7 @@ from vllm_autotuner.observer import Observer
 
 log = logging.getLogger(__name__)
 
+NO_COMMANDS = Commands()
 # How long our own apply's answer stands in for a child the watch has not delivered yet.
 APPLIED_GRACE_S = 10.0
 # The children a VLLMDeployment owns, by the names the reconcile gives them.
@@ -229,6 +237,7 @@ class Controller:
 
         policy_spec = _policy_spec(policies.get(policy_name)) if resolution.policy_name else None
         previous_tuning = dict(previous.get("tuning") or {})
+        commands, pending = read_commands(meta.get("annotations"), previous.get("handledRequests"))
         start = starting_knobs(spec, policy_spec)
         for note in start.notes:
             if previous_tuning.get("startNote") != note:
@@ -243,9 +252,11 @@ class Controller:
             pods,
             now,
             deployment_knobs(children.get("Deployment")),
+            commands,
         )
         knobs = tuned.knobs
         outcome.events.extend(tuned.events)
+        outcome.events.extend(pause_transition(previous, commands))
         outcome.events.extend(metrics_transition(previous, tuned.updates))
 
         owner = render.Owner(name=name, namespace=namespace, uid=str(meta["uid"]))
@@ -275,6 +286,10 @@ class Controller:
                 )
             )
 
+        fields["paused"] = True if commands.paused else None
+        if tuned.handled:
+            done = {name: pending[name] for name in tuned.handled}
+            fields["handledRequests"] = {**(previous.get("handledRequests") or {}), **done}
         tuning = keep_stamp(tuned.tuning, previous_tuning, "lastDecision", "time")
         if start.notes:
             tuning["startNote"] = start.notes[-1]
@@ -292,6 +307,8 @@ class Controller:
         ]
         if self.metrics is not None:
             self.metrics.set_knobs(namespace, name, dict(knobs.to_dict()))
+            self.metrics.set_phase(namespace, name, str(tuning.get("phase", "Idle")))
+            self.metrics.set_slo_met(namespace, name, tuned.slo_met)
         await self._write_status(
             namespace, name, previous, generation, now, updates, fields, outcome
         )
@@ -364,8 +381,14 @@ class Controller:
         pods: Sequence[Mapping[str, Any]],
         now: datetime,
         live: Knobs | None = None,
+        commands: Commands = NO_COMMANDS,
     ) -> Tuned:
-        """Run one step of the tuner (none in mode Off) and say what it means for status."""
+        """Run one step of the tuner (none in mode Off) and say what it means for status.
+
+        `commands` come from the annotations (core/commands.py): a pause turns a rollout into
+        a hold; a retry forgets the latest blocked configuration before deciding. promote and
+        abort are passed on for the canary (not acted on here yet).
+        """
         if resolution.mode == "Off" or policy_spec is None:
             self.observer.forget(key)
             return Tuned(
@@ -393,6 +416,12 @@ class Controller:
                     f"{adopted.next_trial_id() - 1} instead of reverting it",
                 )
             )
+        handled: tuple[str, ...] = ()
+        if commands.retry_requested:
+            state, note = forget_latest_block(state)
+            self._searches.pop(key, None)  # the memo's search excluded what is now allowed
+            handled = ("retry",)
+            adoption.append(Event("Normal", "RetryRequested", note))
         health = tuple(pod_health(p) for p in pods)
         snapshot = self.observer.latest(key, policy.evaluation_window_s)
         canary_snapshot = (
@@ -406,17 +435,37 @@ class Controller:
         memo = self._searches.get(key)
         # A calibration and a search take tens to hundreds of ms of CPU (the engine model
         # seconds): off the event loop, so the other deployments' reconciles are not held up.
-        decision = await asyncio.to_thread(
-            decide, state, observation, policy, ctx, now, model, origin, memo
-        )
+        by_hand: Decision | None = None
+        for command, wanted in (
+            ("abort", commands.abort_requested),
+            ("promote", commands.promote_requested),
+        ):
+            if wanted and by_hand is None and policy.mode == "Auto":
+                by_hand = canary_command(state, command, policy, now)
+                if by_hand is not None:
+                    handled = (*handled, command)
+        decision = by_hand
+        if decision is None:
+            decision = await asyncio.to_thread(
+                decide, state, observation, policy, ctx, now, model, origin, memo
+            )
         if decision.search_memo is not None:
             self._searches[key] = decision.search_memo
+        if commands.paused:
+            decision = hold_while_paused(decision, state, now)
         new = decision.new_state
         knobs = new.applied
         namespace, name = key
+        log_decision(namespace, name, decision, previous_tuning.get("lastDecision"))
         topo = topology(new, ctx)
         self._want_snapshots(key, spec, policy, pods, topo, new)
         if self.metrics is not None:
+            self.metrics.set_slo_targets(
+                namespace,
+                name,
+                [(m, t.percentile, t.threshold_ms) for m, t in policy.slo.targets()],
+            )
+            self._publish_capacity(namespace, name, new, snapshot, policy.slo)
             self.metrics.decisions.labels(namespace, name, decision.action).inc()
             if decision.action == "rollout":
                 self.metrics.rollouts.labels(namespace, name).inc()
@@ -436,7 +485,12 @@ class Controller:
             why = "WaitingForRevision" if snapshot.warming_up else "MetricsUnavailable"
             metrics_cond = ConditionUpdate("MetricsAvailable", "False", why, snapshot.reason)
         updates = [
-            ConditionUpdate("Tuning", "True" if in_trial else "False", new.phase, decision.reason),
+            ConditionUpdate(
+                "Tuning",
+                "True" if in_trial else "False",
+                "Paused" if commands.paused else new.phase,
+                decision.reason,
+            ),
             metrics_cond,
             _slo_condition(snapshot, policy.slo),
         ]
@@ -463,7 +517,23 @@ class Controller:
             observed=observed_summary(snapshot, policy.slo, met) if snapshot.available else None,
             degraded=degraded,
             topology=topo,
+            slo_met=met,
+            handled=handled,
         )
+
+    def _publish_capacity(
+        self, namespace: str, name: str, state: TuningState, snapshot: Snapshot, slo: SLO
+    ) -> None:
+        """Per replica: the model's capacity for the applied knobs ("predicted") and, when the
+        window met the SLO, the rate one pod served in it: a measured lower bound."""
+        assert self.metrics is not None
+        check = state.model_check
+        fresh = check is not None and check.knobs.same_as(state.applied)
+        predicted = check.predicted_capacity_rps if fresh and check is not None else None
+        self.metrics.set_capacity(namespace, name, "predicted", predicted)
+        met = _slo_met(snapshot, slo) if snapshot.available else None
+        served = snapshot.per_pod_rate() if met else None
+        self.metrics.set_capacity(namespace, name, "measured", served)
 
     def _want_snapshots(
         self,
@@ -553,6 +623,36 @@ class Controller:
             self._written[(namespace, name)] = child_copy(result)
 
 
+def log_decision(
+    namespace: str, name: str, decision: Decision, previous: Mapping[str, Any] | None
+) -> None:
+    """One log line per decision: the deployment, the action, the knobs and the reason.
+
+    A decision repeated from one reconcile to the next (the same action for the same reason,
+    as a hold is) is logged once. The fields are also record attributes, so `--log-format
+    json` writes them as keys.
+    """
+    last = previous or {}
+    if (last.get("action"), last.get("reason")) == (decision.action, decision.reason):
+        return
+    knobs = decision.knobs_to_apply or decision.new_state.applied
+    log.info(
+        "%s/%s: %s %s: %s",
+        namespace,
+        name,
+        decision.action,
+        knobs.describe(),
+        decision.reason,
+        extra={
+            "namespace": namespace,
+            "deployment": name,
+            "action": decision.action,
+            "knobs": dict(knobs.to_dict()),
+            "reason": decision.reason,
+        },
+    )
+
+
 def _deployment_event(
     name: str,
     generation: int | None,
@@ -592,6 +692,23 @@ def _deployment_event(
         f"Deployment {name} was changed by someone else ({shown or 'unknown fields'}); "
         f"restored to {label}",
     )
+
+
+def pause_transition(previous: Mapping[str, Any], commands: Commands) -> list[Event]:
+    """An Event when tuning is paused or resumed by the annotation."""
+    was = bool(previous.get("paused"))
+    if commands.paused and not was:
+        return [
+            Event(
+                "Normal",
+                "TuningPaused",
+                f"tuning is paused by the annotation {PAUSE_ANNOTATION}: nothing is rolled out "
+                "until it is removed (vllm-autotuner resume)",
+            )
+        ]
+    if was and not commands.paused:
+        return [Event("Normal", "TuningResumed", "tuning resumes: the pause annotation is gone")]
+    return []
 
 
 LOST_METRICS = ("MetricsUnavailable", "MetricsInvalid")
@@ -655,6 +772,8 @@ class Tuned:
     degraded: ConditionUpdate | None = None
     # The Deployments to run (stable, and a canary while one runs); None: one of `knobs`.
     topology: Topology | None = None
+    slo_met: bool | None = None  # None: no usable window
+    handled: tuple[str, ...] = ()  # one-shot requests acted on (core/commands.py)
 
 
 def _state_from_status(raw: Mapping[str, Any]) -> TuningState | None:

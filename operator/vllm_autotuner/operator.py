@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import aiohttp
 import kopf
 
 from vllm_autotuner import (
@@ -70,6 +69,31 @@ class OperatorConfig:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+def connection_info(credentials: KubeCredentials) -> kopf.ConnectionInfo:
+    """kopf's connection from the library's configuration, with the token as of now.
+
+    A token that can change (the pod's rotated service-account token, a kubeconfig token file,
+    an exec plugin's expiring credential) expires for kopf after LOGIN_TTL, so kopf logs in
+    again and its watches use the fresh one too; a refused token (401) makes kopf log in again
+    at once.
+    """
+    cfg = credentials.configuration
+    scheme, token = credentials.authorization()
+    now = datetime.datetime.now(datetime.UTC)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        scheme=scheme,
+        token=token,
+        expiration=now + LOGIN_TTL if credentials.rotating else None,
+        ca_path=cfg.ssl_ca_cert,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        insecure=not cfg.verify_ssl,
+        proxy_url=cfg.proxy,
+        default_namespace="default",
+    )
+
+
 def _child_key(namespace: str | None, name: str | None) -> str:
     return f"{namespace}/{name}"
 
@@ -92,8 +116,8 @@ def model_factory(config: OperatorConfig) -> Callable[[DeploymentContext], Perfo
 
 
 # What a reconcile may fail with that the next attempt can fix: API errors (409 conflicts,
-# 5xx, 429), connection errors and request timeouts.
-RETRIABLE = (KubeError, aiohttp.ClientError, TimeoutError)
+# 5xx, 429), an unreachable API server (KubeError with status 0) and timeouts.
+RETRIABLE = (KubeError, TimeoutError)
 
 
 def retry_delay(failures: int, interval_s: float) -> float:
@@ -146,7 +170,7 @@ def build_registry(
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Our own prefixes, so other kopf operators in the cluster never collide with us, and
-        # no legacy duplicate keys (kubernetes-conventions.md §1.2).
+        # no legacy duplicate keys (kopf docs/continuity.rst).
         settings.persistence.finalizer = f"{GROUP}/finalizer"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
             prefix=GROUP, v1=False
@@ -182,23 +206,8 @@ def build_registry(
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        """kopf talks to the same API server, with the same credentials, as our client.
-
-        A token from a file (the pod's rotated service-account token) expires for kopf after
-        LOGIN_TTL, so kopf logs in again and its watches use the fresh one too.
-        """
-        creds = config.credentials
-        expiration = datetime.datetime.now(datetime.UTC) + LOGIN_TTL if creds.token_file else None
-        return kopf.ConnectionInfo(
-            server=creds.server,
-            token=kube.bearer.current(),
-            expiration=expiration,
-            ca_path=creds.ca_file,
-            certificate_path=creds.cert_file,
-            private_key_path=creds.key_file,
-            insecure=not creds.verify,
-            default_namespace="default",
-        )
+        """kopf talks to the same API server, with the same credentials, as our client."""
+        return connection_info(config.credentials)
 
     # Indexes keep what every reconcile needs in memory, so an idle cycle makes no API call.
     # They are coroutines because kopf runs plain functions in its thread pool: a thread hop
@@ -407,6 +416,11 @@ async def run_operator(
     stop_flag: asyncio.Event | None = None,
     snapshot_source: SnapshotSource | None = None,
 ) -> None:
+    if snapshot_source is None and not config.prometheus_url:
+        log.warning(
+            "no --prometheus-url: VLLMDeployments are deployed with the knobs they start from, "
+            "but nothing is observed, tuned or verified (MetricsAvailable=False on each)"
+        )
     registry, _ = build_registry(config, snapshot_source)
     await kopf.operator(
         registry=registry,

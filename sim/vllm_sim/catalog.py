@@ -58,7 +58,7 @@ class ModelSpec:
         )
 
     # Parameter counts. SwiGLU MLPs have THREE matrices (gate, up, down); counting two (as BLIS's
-    # roofline does) undercounts decode bytes by a third (simulator-calibration.md §4).
+    # roofline does) undercounts decode bytes by a third (BLIS, inference-sim).
     @property
     def attention_params_per_layer(self) -> int:
         q_out = self.num_attention_heads * self.head_dim
@@ -124,7 +124,8 @@ class ModelSpec:
         return max(1, self.num_key_value_heads // tp)
 
     def kv_bytes_per_token(self, tp: int, kv_dtype_bytes: int) -> int:
-        """Per GPU: 2 (K and V) x layers x kv heads per rank x head_dim x dtype (vllm.md §3.3)."""
+        """Per GPU: 2 (K and V) x layers x kv heads per rank x head_dim x dtype
+        (vLLM kv_cache_interface.py)."""
         return (
             2 * self.num_hidden_layers * self.kv_heads_per_rank(tp) * self.head_dim * kv_dtype_bytes
         )
@@ -143,7 +144,7 @@ class GpuSpec:
     interconnect_bandwidth: float  # bytes/s per direction per GPU (NVLink or PCIe)
     # Streaming multiprocessors: how many attention work units run at once (steptime's KV tail).
     sm_count: int = 132
-    sm100: bool = False  # Blackwell: larger default CUDA-graph capture size (vllm.md §7)
+    sm100: bool = False  # Blackwell: larger default CUDA-graph capture size (vLLM config/vllm.py)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GpuSpec:
@@ -193,7 +194,7 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         "num_local_experts": 8,
         "num_experts_per_tok": 2,
     },
-    # The calibration set of real-vllm-measurements.md.
+    # The calibration set (the inference-sim project's runs).
     "meta-llama/Llama-2-7b-hf": _llama(4096, 32, 32, 32, 11008, 32000, 4096),
     "codellama/CodeLlama-34b-Instruct-hf": _llama(8192, 48, 64, 8, 22016, 32000, 16384),
     "meta-llama/Llama-2-70b-hf": _llama(8192, 80, 64, 8, 28672, 32000, 4096),
@@ -208,7 +209,7 @@ MODEL_ALIASES = {
 }
 
 # Memory is what torch reports as total capacity (a little under the marketing GB); bandwidth and
-# dense TFLOPS from simulator-calibration.md §1.1 (NVIDIA datasheets). B200: NVIDIA DGX B200
+# dense TFLOPS from NVIDIA datasheets (NVIDIA datasheets). B200: NVIDIA DGX B200
 # datasheet (8 TB/s, 2.25 PFLOPS dense BF16 per GPU). Interconnect: NVLink per direction
 # (A100 300, H100/H200 450, B200 900 GB/s); L40S has no NVLink (PCIe Gen4 x16, ~25 GB/s achieved).
 # SM counts: NVIDIA's A100 and H100 architecture whitepapers (108; 132 for H100 SXM, and H200 is

@@ -466,7 +466,7 @@ class Engine:
         return len(self.sched.running), len(self.sched.waiting), self.sched.pool.usage()
 
     def _cache_config_fields(self) -> list[tuple[str, object]]:
-        """CacheConfig.__dict__ of vLLM 0.33 in declaration order (vllm.md §1.4). Fields the
+        """CacheConfig.__dict__ of vLLM 0.33 in declaration order (vLLM config/cache.py). Fields the
         simulator does not model carry vLLM's defaults."""
         c, kv = self.resolved, self.kv
         return [

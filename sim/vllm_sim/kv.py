@@ -3,7 +3,8 @@
 A tuner moving gpu_memory_utilization, max_num_batched_tokens and max_num_seqs changes the KV
 capacity three ways at once (budget share, activation peak, CUDA-graph memory); modelling all three
 is what makes the simulated capacity respond to the knobs the way a real pod's does.
-References: vllm.md §2.2 (defaults), §3 (sizing and startup failures), §7 (capture sizes).
+References: vLLM 0.33 arg_utils.py (defaults), gpu_worker.py and kv_cache_planning.py (sizing,
+start-up failures), config/vllm.py (capture sizes).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _CONSERVING_MEMORY = (
 class MemoryConstants:
     """Memory vLLM's profiler counts that no config field states; one place to re-fit them.
 
-    Fitted on the KV block counts logged by the real runs of real-vllm-measurements.md §2 (H100,
+    Fitted on the KV block counts logged by the inference-sim project's real runs (H100,
     util 0.90, budget 2048, 128 seqs): Llama-2-7B TP1 7462, CodeLlama-34B TP2 26602, Mixtral TP2
     27510, Llama-2-70B TP4 31356 blocks. TP>1 leaves ~0.45 GiB more on each rank (NCCL and the
     custom all-reduce buffers).
@@ -61,7 +62,7 @@ class KVCacheInfo:
 
     @property
     def usable_blocks(self) -> int:
-        """One block is the permanent null block (vllm.md §3.4)."""
+        """One block is the permanent null block (vLLM kv_cache_planning.py)."""
         return self.num_gpu_blocks - 1
 
 
@@ -78,7 +79,7 @@ def kv_dtype_bytes(kv_cache_dtype: str, model: ModelSpec) -> int:
 
 
 def default_batch_knobs(gpu: GpuSpec) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) of `vllm serve` (API-server tier, vllm.md §2.2)."""
+    """(max_num_batched_tokens, max_num_seqs) of `vllm serve` (API-server tier, arg_utils.py)."""
     mem = gpu.memory_bytes
     if mem >= 160 * GiB:
         return 16384, 1024
@@ -90,7 +91,7 @@ def default_batch_knobs(gpu: GpuSpec) -> tuple[int, int]:
 def cudagraph_capture_sizes(
     max_num_seqs: int, max_num_batched_tokens: int, sm100: bool
 ) -> list[int]:
-    """The default capture-size list (vllm.md §7): 1,2,4, steps of 8, then of 16, up to the max."""
+    """vLLM's default capture sizes (config/vllm.py): 1,2,4, steps of 8, then 16, up to the max."""
     cap = min(max_num_seqs * 2, 1024 if sm100 else 512)
     cap = min(cap, max_num_batched_tokens)
     sizes = {s for s in (1, 2, 4) if s <= cap}

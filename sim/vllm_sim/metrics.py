@@ -5,7 +5,7 @@ latencies per simulated minute, and its OpenMetrics exposition rewrites `vllm:` 
 module keeps its own small registry: histograms accumulate with numpy (a pending buffer is binned
 in one call), and `render()` writes the text format 0.0.4 exactly as prometheus_client would for
 vLLM's own registry (names, HELP/TYPE lines, `_total` counters, cumulative `le` buckets).
-Names, meanings and buckets: vllm.md §1.2-§1.4, §1.7.
+Names, meanings and buckets: vLLM v1/metrics/loggers.py, buckets.py, docs/usage/metrics.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-# vllm/v1/metrics/buckets.py (vllm.md §1.3).
+# vllm/v1/metrics/buckets.py (vLLM buckets.py).
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -177,7 +177,7 @@ class Histogram:
 
 
 # Hidden-metric rule (see VllmMetrics): name -> first vLLM minor version that no longer offered it
-# even behind --show-hidden-metrics-for-version (vllm.md §1.7).
+# even behind --show-hidden-metrics-for-version (vLLM docs/usage/metrics.md).
 _REMOVED_IN = {
     "vllm:gpu_cache_usage_perc": (0, 14),
     "vllm:gpu_prefix_cache_queries": (0, 14),

@@ -1,4 +1,4 @@
-"""vLLM V1's scheduler and paged KV cache, one engine step at a time (vllm.md §4).
+"""vLLM V1's scheduler and paged KV cache, one engine step at a time (vLLM scheduler.py).
 
 The running set is held as numpy arrays in admission order, so a step over hundreds of running
 requests costs a handful of vector operations instead of a Python loop per request; the rare

@@ -350,7 +350,7 @@ class SimServer:
 
     async def metrics(self, _request: web.Request) -> web.Response:
         # Text format 0.0.4 whatever the Accept header asks: Prometheus 2.x negotiating
-        # OpenMetrics would otherwise get `vllm_` names (testing-infrastructure.md §3).
+        # OpenMetrics would otherwise get `vllm_` names (client_python #1177).
         text = str(self.engine.metrics.render()) if self.metrics_enabled else ""
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 

@@ -3,7 +3,7 @@
 The step is memory-bound while it streams weights and KV (decode) and compute-bound once the
 token budget is spent on prefill; which one wins is exactly the trade-off the token budget knob
 moves, so the model must keep both terms and never beat either physical floor.
-Formula: simulator-calibration.md §1.2.
+Formula: a roofline (bytes over bandwidth, FLOPs over peak) plus fixed per-step costs.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Calibration:
     """Every efficiency and overhead constant of the step-time model, in one place.
 
     First fitted (grid search, bench/sim_calibration_points.py) on the steady-state H100 serving
-    runs of real-vllm-measurements.md §3 at 5-20 req/s. Then re-fitted by replaying every run of
+    runs of the inference-sim project at 5-20 req/s. Then re-fitted by replaying every run of
     sim/vllm_sim/data/runs/calibration-h100.yaml through the engine (`python -m
     bench.fidelity.fit --quick`: coordinate descent on eta_bw_weights, eta_bw_kv, c_step_s,
     c_seq_s, allreduce_latency_s, eta_link, kv_tail_units_per_sm; objective: mean |log error|
@@ -39,7 +39,7 @@ class Calibration:
     (37 ms measured against 20.5 at ~100 shorter sequences) stays out of reach: its cost from
     38 to 103 sequences is nearly flat, then +16 ms to 128 long ones, which no smooth term in
     batch or context reproduces (docs/fidelity.md). The 2024 CI fixed-batch points of
-    simulator-calibration.md §1.2 predate async scheduling.
+    vLLM's CI benchmark predate async scheduling.
     """
 
     eta_bw_weights: float = 0.90  # achieved / peak HBM bandwidth while streaming weights

@@ -24,7 +24,7 @@ class EngineConfig:
 
     `model` is a catalog name (e.g. "meta-llama/Llama-3.1-8B-Instruct") or a path to a Hugging
     Face style config.json; `gpu` is a catalog name (e.g. "H100") or a path to a GPU spec file.
-    `None` for the two batching knobs means "vLLM's per-GPU default" (vllm.md §2.2).
+    `None` for the two batching knobs means "vLLM's per-GPU default" (vLLM arg_utils.py).
     """
 
     model: str

@@ -74,9 +74,11 @@ def test_recommend_reads_prometheus_and_asks_for_a_smaller_token_budget(
     assert advice["namespace"] == "inference"
     assert advice["metricsAvailable"] is True, advice["reason"]
     assert advice["current"]["maxNumBatchedTokens"] == 8192
+    assert len(advice["currentGuessed"]) == 3  # no knob flags: vLLM's H100 defaults, a guess
     assert advice["recommendation"] is not None, advice["reason"]
     assert advice["recommendation"]["knobs"]["maxNumBatchedTokens"] < 8192
     assert "--max-num-batched-tokens" in advice["flags"]
+    assert advice["recommendation"]["gainPct"] is None  # no gain over a guess
 
 
 def test_recommend_says_clearly_when_prometheus_is_down(tmp_path: Path) -> None:
@@ -92,6 +94,8 @@ def test_recommend_says_clearly_when_prometheus_is_down(tmp_path: Path) -> None:
             "500",
             "--itl-ms",
             "50",
+            "--gpu",
+            "H100",
             "--timeout",
             "2s",
         ],
@@ -106,7 +110,16 @@ def test_recommend_says_clearly_when_prometheus_is_down(tmp_path: Path) -> None:
 
 def test_recommend_refuses_a_request_without_an_slo() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "vllm_autotuner.cli", "recommend", "--prometheus", "http://x"],
+        [
+            sys.executable,
+            "-m",
+            "vllm_autotuner.cli",
+            "recommend",
+            "--prometheus",
+            "http://x",
+            "--gpu",
+            "H100",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -114,3 +127,40 @@ def test_recommend_refuses_a_request_without_an_slo() -> None:
     )
     assert out.returncode == 2
     assert "--ttft-ms and --itl-ms" in out.stderr
+
+
+def test_recommend_never_judges_two_revisions_in_one_window(
+    tmp_path: Path, prometheus: PrometheusServer
+) -> None:
+    """Pods of two ReplicaSets serving: a rollout; once the old pod is gone, the window
+    starts after it was last scraped."""
+    from datetime import UTC, datetime
+
+    from vllm_autotuner.adapters.prometheus import PrometheusSource
+    from vllm_autotuner.recommend import RecommendRequest, recommend
+
+    old, new = "llama-6d5f8b7c9-abcde", "llama-7f8c9d6b5-klmno"
+    with running_sim(tmp_path) as sim_old, running_sim(tmp_path) as sim_new:
+        prometheus.set_targets(
+            [
+                target_group(sim_old.address, namespace="inference", pod=old, job="vllm"),
+                target_group(sim_new.address, namespace="inference", pod=new, job="vllm"),
+            ]
+        )
+        wait_for_query(prometheus, 'count(up{namespace="inference"} == 1) == 2', timeout=30)
+        req = RecommendRequest(prometheus.url, 2000, 25, gpu="H100", window_s=60.0)
+        (advice,) = recommend(req)
+        assert not advice.snapshot.available
+        assert "rollout is under way" in advice.snapshot.reason
+        assert advice.decision.new_state.recommendation is None
+
+        prometheus.set_targets(
+            [target_group(sim_new.address, namespace="inference", pod=new, job="vllm")]
+        )
+        removed = datetime.now(UTC)
+        wait_for_query(prometheus, f'up{{pod="{old}"}}', accept=lambda r: r == [], timeout=30)
+        source = PrometheusSource(prometheus.url)
+        source.discover_targets_sync("inference", window_s=60.0)  # learns the metric names
+        seen = source.last_seen_sync("inference", [old], 60.0, datetime.now(UTC))
+    assert seen is not None
+    assert abs((seen - removed).total_seconds()) < 5.0

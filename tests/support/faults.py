@@ -202,7 +202,7 @@ def operator_config(
     url: str, *, interval_s: float = 0.5, request_timeout_s: float = 5.0, **extra: Any
 ) -> OperatorConfig:
     return OperatorConfig(
-        credentials=KubeCredentials(server=url, verify=False),
+        credentials=KubeCredentials.for_server(url, verify=False),
         reconcile_interval_s=interval_s,
         request_timeout_s=request_timeout_s,
         **extra,

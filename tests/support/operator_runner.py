@@ -73,7 +73,8 @@ def running_operator(
     snapshot_source: SnapshotSource | None = None,
 ) -> Iterator[OperatorThread]:
     config = OperatorConfig(
-        credentials=KubeCredentials(server=server, verify=False), reconcile_interval_s=interval_s
+        credentials=KubeCredentials.for_server(server, verify=False),
+        reconcile_interval_s=interval_s,
     )
     thread = OperatorThread(config, namespaces, snapshot_source).start()
     try:

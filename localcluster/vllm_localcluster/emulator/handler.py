@@ -4,7 +4,7 @@ kmock parses and records every request and serves its reaction DSL (so a test ca
 `emulator['get /openapi/v2'] << {...}`); resource URLs are served here, from the store,
 because kmock's own in-memory emulator lacks what kopf and our operator depend on (uids,
 resourceVersions, 201s, selectors, SSA, status isolation, garbage collection; see
-shared/reference/testing-infrastructure.md §2.2). Discovery is answered from the same
+kmock 0.8, probed). Discovery is answered from the same
 registry the store uses, so CRDs created through the API are discoverable at once.
 """
 

@@ -89,7 +89,7 @@ class PodRunner:
 
     @classmethod
     def for_url(cls, url: str, config: RunnerConfig) -> PodRunner:
-        return cls(KubeCredentials(server=url.rstrip("/")), config)
+        return cls(KubeCredentials.for_server(url.rstrip("/")), config)
 
     def endpoints(self, namespace: str, deployment: str) -> list[tuple[str, str]]:
         """(pod, base URL) of the Deployment's ready pods, like a Service's endpoints."""

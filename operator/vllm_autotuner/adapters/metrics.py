@@ -7,8 +7,16 @@ docs/operations.md with suggested alerts; keep them stable.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from vllm_autotuner.core.tuning_types import Phase
+
+PHASES: tuple[str, ...] = get_args(Phase)
+KNOBS = ("maxNumBatchedTokens", "maxNumSeqs", "gpuMemoryUtilization")
+CAPACITY_SOURCES = ("predicted", "measured")
 
 
 class OperatorMetrics:
@@ -16,6 +24,8 @@ class OperatorMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._phases: set[str] = set()
+        self._slo_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self.decisions = Counter(
             "vllm_autotuner_decisions",
             "Tuning decisions taken, by action (hold, recommend, rollout, commit, rollback...).",
@@ -40,6 +50,31 @@ class OperatorMetrics:
             ["namespace", "deployment", "knob"],
             registry=self.registry,
         )
+        self.phase = Gauge(
+            "vllm_autotuner_phase",
+            "1 for the tuner's current phase of a VLLMDeployment, 0 for the others.",
+            ["namespace", "deployment", "phase"],
+            registry=self.registry,
+        )
+        self.slo_met = Gauge(
+            "vllm_autotuner_slo_met",
+            "1 when the last window met every SLO target, 0 when not; absent without data.",
+            ["namespace", "deployment"],
+            registry=self.registry,
+        )
+        self.capacity = Gauge(
+            "vllm_autotuner_capacity_rps",
+            "Requests per second one replica serves within the SLO with the applied knobs: "
+            "the model's prediction (source=predicted) and the measured value (measured).",
+            ["namespace", "deployment", "source"],
+            registry=self.registry,
+        )
+        self.slo_threshold = Gauge(
+            "vllm_autotuner_slo_threshold_seconds",
+            "The SLO each deployment is tuned against: the threshold at a percentile.",
+            ["namespace", "deployment", "metric", "percentile"],
+            registry=self.registry,
+        )
         self.reconcile_duration = Histogram(
             "vllm_autotuner_reconcile_duration_seconds",
             "Duration of one reconcile of a VLLMDeployment.",
@@ -57,10 +92,57 @@ class OperatorMetrics:
         for knob, value in values.items():
             self.knob.labels(namespace=namespace, deployment=name, knob=knob).set(value)
 
-    def forget(self, namespace: str, name: str) -> None:
-        for knob in ("maxNumBatchedTokens", "maxNumSeqs", "gpuMemoryUtilization"):
-            with contextlib.suppress(KeyError):
-                self.knob.remove(namespace, name, knob)
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        self._phases.add(phase)  # a phase newer than PHASES still gets forgotten
+        for value in dict.fromkeys((*PHASES, phase)):
+            self.phase.labels(namespace, name, value).set(1.0 if value == phase else 0.0)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+    def set_slo_met(self, namespace: str, name: str, met: bool | None) -> None:
+        """None (no usable window) removes the series: absent, not a false 0."""
+        if met is None:
+            with contextlib.suppress(KeyError):
+                self.slo_met.remove(namespace, name)
+        else:
+            self.slo_met.labels(namespace, name).set(1.0 if met else 0.0)
+
+    def set_capacity(self, namespace: str, name: str, source: str, rps: float | None) -> None:
+        """Capacity of one replica under the SLO (`source` "predicted" or "measured")."""
+        if source not in CAPACITY_SOURCES:
+            raise ValueError(f"capacity source {source!r} is not one of {CAPACITY_SOURCES}")
+        if rps is None:
+            with contextlib.suppress(KeyError):
+                self.capacity.remove(namespace, name, source)
+        else:
+            self.capacity.labels(namespace, name, source).set(rps)
+
+    def set_slo_targets(
+        self, namespace: str, name: str, targets: Iterable[tuple[str, float, float]]
+    ) -> None:
+        """(metric, percentile in percent, threshold in ms) of each target in force."""
+        wanted = {(metric, f"{percentile:g}"): ms / 1000.0 for metric, percentile, ms in targets}
+        for labels in self._slo_series.pop((namespace, name), set()) - wanted.keys():
+            with contextlib.suppress(KeyError):
+                self.slo_threshold.remove(namespace, name, *labels)
+        for (metric, percentile), seconds in wanted.items():
+            self.slo_threshold.labels(namespace, name, metric, percentile).set(seconds)
+        self._slo_series[(namespace, name)] = set(wanted)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop every gauge series of a deleted deployment (counters keep their history)."""
+        series = [
+            *((self.knob, (namespace, name, knob)) for knob in KNOBS),
+            *((self.capacity, (namespace, name, src)) for src in CAPACITY_SOURCES),
+            (self.slo_met, (namespace, name)),
+        ]
+        phases = dict.fromkeys((*PHASES, *sorted(self._phases)))
+        series += [(self.phase, (namespace, name, p)) for p in phases]
+        for gauge, labels in series:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
+        self.set_slo_targets(namespace, name, ())
+        self._slo_series.pop((namespace, name), None)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
+        """Serves /metrics in a daemon thread; the server (its `shutdown()` stops it)."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return server

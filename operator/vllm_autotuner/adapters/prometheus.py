@@ -41,6 +41,7 @@ from vllm_autotuner.adapters.promql import (
     effective_window,
     index_outcomes,
     label_name,
+    last_seen_query,
     parse_vector,
     resolve_names,
 )
@@ -343,6 +344,21 @@ class PrometheusSource:
                 self._api_client(), namespace, pod_regex, labels, window_s, slo, now
             )
         )
+
+    def last_seen_sync(
+        self, namespace: str, pods: Sequence[str], window_s: float, now: datetime
+    ) -> datetime | None:
+        """When any of `pods` last exported vLLM metrics within the window (`recommend`)."""
+        names = self.names.spellings("running") if self.names is not None else ()
+        if not names or not pods:
+            return None
+        expr = last_seen_query(
+            names, namespace, pods, int(max(1.0, window_s)), self.namespace_label, self.pod_label
+        )
+        samples = parse_vector(
+            asyncio.run(self._counted(self._api_client().query(expr, now.timestamp())))
+        )
+        return datetime.fromtimestamp(samples[0].value, UTC) if samples else None
 
     # ------------------------------------------------------------------------- transports
 

@@ -48,7 +48,8 @@ SignalKind = Literal["histogram", "counter", "gauge_mean", "gauge_sum", "info", 
 
 @dataclass(frozen=True)
 class Signal:
-    """One logical metric and the names vLLM has exported it under, newest first (vllm.md §1.7).
+    """One logical metric and the names vLLM has exported it under, newest first
+    (vLLM docs/usage/metrics.md).
 
     For `ratio` signals each candidate is "numerator|denominator" so that a pair is always taken
     from the same generation of names (never new hits over old queries).
@@ -59,9 +60,9 @@ class Signal:
     candidates: tuple[str, ...]
 
 
-# Counters are listed with and without `_total`: prometheus_client appends it (vllm.md §0), but
+# Counters are listed with and without `_total`: prometheus_client appends it, but
 # relabelling or other exporters may not. `iteration_tokens_total` is a histogram whose base
-# name already ends in `_total` (vllm.md §1.2).
+# name already ends in `_total` (vLLM loggers.py).
 SIGNALS: tuple[Signal, ...] = (
     Signal("requests", "counter", ("vllm:request_success_total", "vllm:request_success")),
     Signal("preemptions", "counter", ("vllm:num_preemptions_total", "vllm:num_preemptions")),
@@ -167,7 +168,7 @@ def matcher(label: str, values: Iterable[str]) -> str:
 
 def spellings(name: str) -> tuple[str, ...]:
     """A `vllm:` name and its `vllm_` escaping (prometheus_client >= 0.23 scraped by Prometheus
-    2.x with OpenMetrics stores the underscore form; testing-infrastructure.md §3)."""
+    2.x with OpenMetrics stores the underscore form; client_python #1177)."""
     if name.startswith("vllm:"):
         return (name, "vllm_" + name[len("vllm:") :])
     return (name,)
@@ -329,6 +330,24 @@ def discovery_query_for_targets(
     sel = series(running_names, "", ", ".join(matchers))
     by = f"{namespace_label}, {pod_label}, {MODEL_LABEL}"
     return f"count by ({by}) (last_over_time({sel}[{window_s}s]))"
+
+
+def last_seen_query(
+    running_names: str | Sequence[str],
+    namespace: str,
+    pods: Iterable[str],
+    window_s: int,
+    namespace_label: str = "namespace",
+    pod_label: str = "pod",
+) -> str:
+    """When any of `pods` last exported vLLM's running gauge within the window (a timestamp).
+
+    `recommend` asks it of pods that are gone, to start its window after them.
+    """
+    matchers = f"{label_name(namespace_label)}={string_literal(namespace)}, "
+    matchers += matcher(pod_label, pods)
+    sel = series(running_names, "", matchers)
+    return f"max(max_over_time(timestamp({sel})[{window_s}s:]))"
 
 
 # ------------------------------------------------------------------------------------- targets
@@ -599,7 +618,7 @@ def _float_label(labels: Mapping[str, str], name: str) -> float | None:
 
 def kv_cache_info(labels: Mapping[str, str]) -> KVCacheInfo:
     """Read the cache_config_info labels by name: the label set changes between versions and
-    every value is str() of a Python value, "None" included (vllm.md §1.4)."""
+    every value is str() of a Python value, "None" included (vLLM config/cache.py)."""
     return KVCacheInfo(
         num_gpu_blocks=_int_label(labels, "num_gpu_blocks"),
         block_size=_int_label(labels, "block_size"),

@@ -50,7 +50,7 @@ OWNED_FLAGS: tuple[str, ...] = (
     "no-enable-prefix-caching",
     "block-size",
     "shutdown-timeout",  # the drain of every restart (spec.rollout.shutdownTimeoutSeconds)
-    # the tuned knobs, their aliases, and flags that silently override them (vllm.md §2.1)
+    # the tuned knobs, their aliases, and flags that silently override them (vLLM arg_utils.py)
     "max-num-batched-tokens",
     "max-num-scheduled-tokens",
     "max-num-seqs",

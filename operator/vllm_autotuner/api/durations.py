@@ -1,9 +1,12 @@
 """Go-style duration strings ("90s", "15m", "1h30m"), as Kubernetes users write them.
 
-The CRD checks the shape with a pattern (and CEL's ``duration()`` where a rule needs the value);
-the operator needs seconds. Both sides accept the same language: a sequence of decimal numbers,
-each with a unit of ns, us, ms, s, m or h (Go's ``time.ParseDuration`` without signs and without
-the micro sign, which keeps the CRD pattern ASCII).
+The one parser of the project: the CRDs, the chart's values and the command line
+(`vllm-autotuner run --reconcile-interval 1m30s`) all go through `duration_seconds`. The shape
+is a pattern the CRD (and the chart's values schema, with a subset of the units) checks too: a
+sequence of decimal numbers, each with a unit of ns, us, ms, s, m or h (Go's
+``time.ParseDuration`` without signs and without the micro sign, which keeps the pattern ASCII).
+The value comes from `durationpy` (a dependency of the `kubernetes` package), which implements
+Go's grammar; its resolution is a microsecond.
 """
 
 from __future__ import annotations
@@ -11,21 +14,23 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
+import durationpy
 from pydantic import AfterValidator, Field
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"
 DURATION_MAX_LENGTH = 64
 
-_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|ms|s|m|h)")
 _WHOLE = re.compile(DURATION_PATTERN)
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def duration_seconds(text: str) -> float:
     """Seconds in a Go-style duration; raises ValueError on anything the CRD would reject."""
     if not _WHOLE.fullmatch(text):
         raise ValueError(f"invalid duration {text!r}: use Go syntax such as 90s, 15m or 1h30m")
-    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in _PART.findall(text))
+    try:
+        return float(durationpy.from_str(text).total_seconds())
+    except durationpy.DurationError as exc:
+        raise ValueError(f"invalid duration {text!r}: {exc}") from exc
 
 
 # Nothing the operator waits for is longer than a year; beyond it, datetime arithmetic on the

@@ -48,10 +48,10 @@ VERIFY_COVERS_WINDOW = Rule(
 )
 
 DEFAULT_MNBT = (256, 32768, 8192)
-"""256 keeps ITL low on small models; 32768 is 2x vLLM's largest default tier (16384, vllm.md
-§2.2); one step may move at most a default tier's worth (8192)."""
+"""256 keeps ITL low on small models; 32768 is 2x vLLM's largest default tier (16384,
+vLLM arg_utils.py); one step may move at most a default tier's worth (8192)."""
 DEFAULT_MNS = (8, 1024, 256)
-"""1024 is vLLM's default on H100/H200/B200 (vllm.md §2.2); a step is one A100-tier default."""
+"""1024 is vLLM's default on H100/H200/B200 (vLLM arg_utils.py); a step is one A100-tier default."""
 DEFAULT_GMU = (0.5, 0.95, 0.03)
 """0.95 leaves headroom over vLLM's 0.92 default; 0.03 steps keep OOM probes small."""
 

@@ -187,6 +187,18 @@ class ObservedMetrics(StatusModel):
     running: float | None = Field(default=None, ge=0)
     waiting: float | None = Field(default=None, ge=0)
     slo_met: bool | None = Field(default=None, alias="sloMet")
+    knobs: Knobs | None = Field(
+        default=None, description="The knobs of the revision these numbers were measured on."
+    )
+
+
+class HandledRequests(StatusModel):
+    """The one-shot requests (annotations vllm.autotuner.io/promote, abort, retry) the operator
+    has acted on, by their values: a request whose value is here is never acted on again."""
+
+    promote: str | None = Field(default=None, max_length=64)
+    abort: str | None = Field(default=None, max_length=64)
+    retry: str | None = Field(default=None, max_length=64)
 
 
 class VLLMDeploymentStatus(StatusModel):
@@ -201,6 +213,12 @@ class VLLMDeploymentStatus(StatusModel):
     mode: Mode | None = Field(default=None, description="Effective mode after the policy's cap.")
     tuning: TuningStatus | None = None
     observed: ObservedMetrics | None = None
+    paused: bool | None = Field(
+        default=None,
+        description="Tuning is paused by the annotation vllm.autotuner.io/pause: nothing is "
+        "rolled out until it is removed.",
+    )
+    handled_requests: HandledRequests | None = Field(default=None, alias="handledRequests")
 
 
 class VLLMTuningPolicyStatus(StatusModel):

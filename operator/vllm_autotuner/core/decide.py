@@ -1005,3 +1005,19 @@ def _start_trial(
         rollouts_today=state.rollouts_today + 1,
     )
     return started, trial
+
+
+def canary_command(
+    state: TuningState, command: str, policy: TuningPolicy, now: datetime
+) -> Decision | None:
+    """A person's `promote` or `abort` of the running canary (vllm-autotuner promote|abort);
+    None when no canary runs (the request is then left unhandled and reported). An abort is
+    not the candidate's fault, so nothing is remembered as infeasible."""
+    cand = state.candidate
+    if state.strategy != "Canary" or cand is None or state.phase not in ("RollingOut", "Verifying"):
+        return None
+    if command == "abort":
+        return _rollback(state, now, "RolledBack", None, "aborted by hand (vllm-autotuner abort)")
+    s = replace(state, applied=cand, phase="Promoting", rollout_started_at=now, verify_until=None)
+    text = f"canary {cand.describe()} promoted by hand (vllm-autotuner promote)"
+    return _done(s, now, "promote", text, cand, (Event("Normal", "CanaryPromoted", text),))

@@ -18,7 +18,7 @@ DiagnosisKind = Literal[
 ]
 
 # Thresholds, chosen from vLLM's behaviour: at ~90% KV usage admission starts to stall behind
-# full-sequence reservations (vllm.md §4, scheduler_reserve_full_isl), and preemptions mean
+# full-sequence reservations (vLLM scheduler.py, scheduler_reserve_full_isl), and preemptions mean
 # the cache is already too small for the running set.
 KV_NEAR_FULL = 0.9
 RUNNING_AT_CAP = 0.95

@@ -1,7 +1,7 @@
 """vLLM's own starting point for the three knobs, per GPU.
 
 The tuner starts where vLLM would (vLLM 0.33 `EngineArgs.get_batch_defaults` and
-`_set_default_max_num_seqs_and_batched_tokens_args`, reference/vllm.md §2.2) so that an
+`_set_default_max_num_seqs_and_batched_tokens_args`, vLLM arg_utils.py) so that an
 untuned deployment behaves exactly like a hand-written `vllm serve`, and every later change is
 measured against that familiar baseline.
 """
@@ -12,7 +12,7 @@ from vllm_autotuner.core.tuning_types import Knobs
 
 GIB = 2**30
 
-# vLLM >= 0.20 default (reference/vllm.md §2.1). 0.34 resolves None to 1.0 only with the
+# vLLM >= 0.20 default (vLLM arg_utils.py). 0.34 resolves None to 1.0 only with the
 # extensible KV cache; the tuner keeps the classic value as a conservative start.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
@@ -75,7 +75,7 @@ def gpu_memory_gib(product: str | None) -> float | None:
 def api_server_batch_defaults(product: str | None, memory_gib: float | None) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) of `vllm serve` before post-processing.
 
-    Tiers from vllm.md §2.2, checked in order: >=160 GiB → 16384/1024; >=70 GiB and not an
+    Tiers from vLLM arg_utils.py, checked in order: >=160 GiB → 16384/1024; >=70 GiB and not an
     A100 and not GB10 → 8192/1024; everything else (unknown included) → 2048/256.
     """
     mem = memory_gib if memory_gib is not None else gpu_memory_gib(product)
@@ -95,7 +95,7 @@ def default_knobs(
     max_model_len: int | None = None,
     performance_mode: str = "balanced",
 ) -> Knobs:
-    """The knobs `vllm serve` would pick by itself on this GPU (steps 2, 5 and 6 of §2.2)."""
+    """The knobs `vllm serve` would pick by itself on this GPU (tier, performance mode, cap)."""
     mnbt, mns = api_server_batch_defaults(gpu_product, gpu_memory_gib_)
     if performance_mode == "throughput":
         mnbt, mns = mnbt * 2, mns * 2

@@ -156,7 +156,7 @@ class Calibration:
             )
             return max(0.0, (gmu * self.gpu_memory_bytes - non_kv) / self.kv_bytes_per_token)
         # Without byte counts assume 30% of the GPU is weights and activations (8B on 80 GB:
-        # 16 GB weights + a few GB of activations and graphs).
+        # 16 GB weights + a few GB of activations and graphs, vLLM gpu_worker.py).
         f0 = min(0.3, 0.9 * self.observed_gmu)
         return max(0.0, self.observed_kv_tokens * (gmu - f0) / (self.observed_gmu - f0))
 
@@ -647,7 +647,7 @@ class _SimResult:
 
 
 class EngineModel:
-    """The simulator's engine as the performance model (design.md: "the engine is the model").
+    """The simulator's engine as the performance model (how-it-works.md: the engine is the model).
 
     Calibration runs the observed workload (lengths and rate from the snapshot, lognormal
     shapes fitted to mean and p90) at the observed knobs and adjusts the engine's hidden

@@ -30,7 +30,7 @@ CONTAINER_PORT = 8000
 KNOBS_ANNOTATION = f"{GROUP}/knobs"
 
 # Metadata that belongs to the tools that manage the CR, never to its children: copying Argo CD
-# tracking onto children makes Argo CD prune or diff them (kubernetes-conventions.md §4.2).
+# tracking onto children makes Argo CD prune or diff them (Argo CD resource_tracking.md).
 _FOREIGN_PREFIXES = (
     "argocd.argoproj.io/",
     "kopf.zalando.org/",
@@ -40,7 +40,7 @@ _FOREIGN_PREFIXES = (
 _FOREIGN_KEYS = frozenset({"app.kubernetes.io/instance", "app.kubernetes.io/managed-by"})
 
 # Model loading can take many minutes (weights download, torch.compile, CUDA graphs); the
-# startup probe allows 30 minutes before liveness takes over (vllm.md §5.2, §5.4).
+# startup probe allows 30 minutes before liveness takes over (vLLM api_server/entry.py).
 STARTUP_FAILURE_THRESHOLD = 180
 STARTUP_PERIOD_S = 10
 

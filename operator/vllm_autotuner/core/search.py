@@ -7,7 +7,7 @@ never traded for predicted gain:
 
 - inside the policy's bounds and within max_step of the applied knobs;
 - gpu_memory_utilization at most `gmu_rise_step` above the last value proven stable;
-- max_num_batched_tokens >= max_num_seqs (vLLM refuses to start otherwise, vllm.md §2.2);
+- max_num_batched_tokens >= max_num_seqs (vLLM refuses to start otherwise, vLLM arg_utils.py);
 - not a known-infeasible configuration nor in its forbidden neighbourhood (same or higher
   gpu_memory_utilization with a same-or-larger token budget than one that crashed, OOM-ed or
   never became ready: both raise the memory a pod needs);

@@ -59,7 +59,7 @@ def starting_knobs(spec: VLLMDeploymentSpec, policy: VLLMTuningPolicySpec | None
             notes,
         )
     if mns > mnbt:
-        # vLLM refuses max_num_batched_tokens < max_num_seqs at start-up (vllm.md §2.2).
+        # vLLM refuses max_num_batched_tokens < max_num_seqs at start-up (vLLM arg_utils.py).
         notes.append(f"maxNumSeqs {mns} exceeds maxNumBatchedTokens {mnbt}; using {mnbt}")
         mns = mnbt
     return StartingPoint(

@@ -257,6 +257,7 @@ def observed_summary(snapshot: Snapshot, slo: SLO, slo_met: bool | None) -> dict
         "running": _round(snapshot.running_mean, 2),
         "waiting": _round(snapshot.waiting_mean, 2),
         "sloMet": slo_met,
+        "knobs": None if snapshot.knobs is None else snapshot.knobs.to_dict(),
     }
     return {k: v for k, v in summary.items() if v is not None}
 

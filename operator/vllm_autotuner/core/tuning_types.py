@@ -542,6 +542,20 @@ class CanaryAnalysis:
         )
 
 
+@dataclass(frozen=True)
+class Commands:
+    """What a person asked for through the VLLMDeployment's annotations (core/commands.py).
+
+    `paused` holds while the annotation is there; the others are one-shot requests not yet
+    acted on. promote and abort are for a running canary.
+    """
+
+    paused: bool = False
+    promote_requested: bool = False
+    abort_requested: bool = False
+    retry_requested: bool = False
+
+
 MAX_TRIALS = 20
 MAX_INFEASIBLE = 50
 

@@ -203,7 +203,7 @@ def test_only_peering_keeps_a_kopf_timer_per_deployment(standalone: bool, timers
     from vllm_autotuner.operator import OperatorConfig, build_registry
 
     config = OperatorConfig(
-        credentials=KubeCredentials(server="http://127.0.0.1:1"), standalone=standalone
+        credentials=KubeCredentials.for_server("http://127.0.0.1:1"), standalone=standalone
     )
     registry, _ = build_registry(config)
     spawning = registry._spawning.get_all_handlers()

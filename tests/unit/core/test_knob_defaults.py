@@ -1,4 +1,4 @@
-"""vLLM's per-GPU starting knobs (vllm.md §2.2): the tuner starts where `vllm serve` does."""
+"""vLLM's per-GPU starting knobs (vLLM arg_utils.py): the tuner starts where `vllm serve` does."""
 
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ CORPUS: tuple[Hostile, ...] = (
     _d("arg-kv-memory", "spec.engine", {"extraArgs": ["--kv-cache-memory=80G"]}, "cel", OWNED),
     _d("arg-model", "spec.engine", {"extraArgs": ["--model=evil/model"]}, "cel", OWNED),
     _d("arg-host", "spec.engine", {"extraArgs": ["--host=0.0.0.0"]}, "cel", OWNED),
-    # argparse's allow_abbrev: a prefix of a flag selects it (vllm.md §2.1), so every prefix of
+    # argparse's allow_abbrev: a prefix of a flag selects it (vLLM arg_utils.py), so every prefix of
     # an owned flag is refused, in every spelling vLLM's parser accepts
     _d("arg-abbrev-mns", "spec.engine", {"extraArgs": ["--max-num-seq=1"]}, "cel", OWNED),
     _d(

@@ -105,7 +105,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 def run_operator(rig: Rig, prometheus_url: str, kube_token: str) -> OperatorThread:
     config = OperatorConfig(
-        credentials=KubeCredentials(server=rig.emulator.url, token=kube_token, verify=False),
+        credentials=KubeCredentials.for_server(rig.emulator.url, token=kube_token, verify=False),
         reconcile_interval_s=0.5,
         prometheus_url=prometheus_url,
         prometheus_bearer_token_file=str(rig.token_file),

@@ -43,7 +43,7 @@ KNOBS = Knobs(max_num_batched_tokens=4096, max_num_seqs=128, gpu_memory_utilizat
 OWNER = render.Owner(name="llama", namespace="team-a", uid="u")
 PROPERTY = settings(max_examples=150, deadline=None)
 
-# Real vLLM 0.33 flags (vllm.md §2.1 and `vllm serve --help`) that must stay usable.
+# Real vLLM 0.33 flags (vLLM arg_utils.py and `vllm serve --help`) that must stay usable.
 LEGIT_FLAGS = (
     "max-logprobs",
     "max-loras",

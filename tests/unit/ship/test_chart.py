@@ -17,6 +17,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support import helm as chart
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
@@ -187,7 +189,6 @@ def flag(container: dict[str, Any], name: str) -> list[str]:
 def test_default_install_watches_all_namespaces_standalone_with_recreate() -> None:
     container = operator_container("default")
     assert "--all-namespaces" in container["args"]
-    assert "--standalone" in container["args"]
     assert flag(container, "namespace") == [] and flag(container, "peering") == []
     deployment = operator_deployment("default")
     assert deployment["spec"]["replicas"] == 1
@@ -216,7 +217,6 @@ def test_peering_runs_a_warm_standby() -> None:
     deployment = operator_deployment("peering")
     assert deployment["spec"]["replicas"] >= 2
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
-    assert "--standalone" not in container["args"]
     (peering_name,) = flag(container, "peering")
     (peering,) = by_kind("peering", "ClusterKopfPeering")
     assert peering["metadata"]["name"] == peering_name
@@ -407,3 +407,58 @@ def test_operator_cli_accepts_the_arguments_the_chart_passes(set_name: str) -> N
     assert args.log_format == values["operator"]["logFormat"]
     assert args.verbose is values["operator"]["verbose"]
     assert (args.peering is not None) is values["peering"]["enabled"]
+
+
+def _duration_patterns() -> dict[str, str]:
+    """Every duration the values schema checks with a pattern, by its path in the values."""
+    schema = json.loads((chart.CHART_DIR / "values.schema.json").read_text())
+    found: dict[str, str] = {}
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for key, sub in node.get("properties", {}).items():
+            if "(ms|s|m|h)" in sub.get("pattern", ""):
+                found[path + key] = sub["pattern"]
+            walk(sub, f"{path}{key}.")
+
+    walk(schema, "")
+    return found
+
+
+def test_the_flags_the_chart_passes_durations_to_are_checked_by_the_schema() -> None:
+    patterns = _duration_patterns()
+    assert {"prometheus.timeout", "operator.reconcileInterval"} <= patterns.keys()
+
+
+@pytest.mark.parametrize("text", ["1m30s", "1h", "250ms", "2.5m", "0.5s"])
+def test_a_duration_the_schema_accepts_reaches_the_operator(text: str) -> None:
+    """`reconcileInterval: 1m30s` passes the schema and the CLI parses what the chart passes."""
+    from vllm_autotuner.api.durations import duration_seconds
+    from vllm_autotuner.cli import build_parser
+
+    values = {"operator": {"reconcileInterval": text}, "prometheus": {"timeout": text}}
+    objects = chart.render_objects(values)
+    (container,) = chart.find(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(["run", *container["args"]])
+    assert args.reconcile_interval == args.prometheus_timeout == duration_seconds(text) > 0
+
+
+@given(data=st.data())
+@settings(max_examples=200, deadline=None)
+def test_every_string_a_duration_pattern_accepts_the_cli_parses(data: st.DataObject) -> None:
+    from vllm_autotuner.cli import parse_duration
+
+    for pattern in sorted(set(_duration_patterns().values())):
+        text = data.draw(st.from_regex(pattern, fullmatch=True))
+        assert parse_duration(text) >= 0
+
+
+@pytest.mark.parametrize("text", ["30", "1d", "1m 30s", "-5s"])
+def test_the_schema_and_the_cli_refuse_the_same_strings(text: str) -> None:
+    import argparse
+
+    from vllm_autotuner.cli import parse_duration
+
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.render({"operator": {"reconcileInterval": text}})
+    with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
+        parse_duration(text)

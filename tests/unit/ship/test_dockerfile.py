@@ -108,6 +108,19 @@ def test_base_images_are_pinned_tags_never_latest() -> None:
         assert tag != "latest"
 
 
+def test_the_base_image_defaults_to_a_digest() -> None:
+    """A rebuild gets the same OS until the digest is bumped on purpose."""
+    assert re.fullmatch(
+        r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", GLOBAL_ARGS["PYTHON_IMAGE"]
+    )
+
+
+def test_the_builder_installs_no_extras_and_leaves_no_installer() -> None:
+    (install,) = [v for v in BY_NAME["builder"].args("RUN") if "pip install" in v]
+    assert "/wheels/*.whl" in install and "[" not in install  # no extras
+    assert "uninstall --yes pip" in install and "uninstall --yes setuptools wheel" in install
+
+
 def test_final_images_share_the_builder_base() -> None:
     """The copied venv points at the base's interpreter: the paths must match."""
     builder = BY_NAME["builder"]

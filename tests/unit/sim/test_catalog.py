@@ -9,7 +9,7 @@ import pytest
 
 from vllm_sim.catalog import gpu_names, load_gpu, load_model, model_names
 
-# Published sizes (Hugging Face model cards / simulator-calibration.md §1.2), in billions.
+# Published sizes (Hugging Face model cards), in billions.
 PUBLISHED_PARAMS_B = {
     "meta-llama/Llama-3.1-8B-Instruct": 8.03,
     "meta-llama/Llama-3.1-70B-Instruct": 70.6,
@@ -35,11 +35,11 @@ def test_every_catalog_model_is_in_the_published_table() -> None:
 
 
 def test_llama_31_8b_streams_15_gb_per_decode_step_and_128_kib_per_token() -> None:
-    # simulator-calibration.md §1.2: 6.98 B non-embedding params, 15.01 GB per step incl. lm_head.
+    # From config.json: 6.98 B non-embedding params, 15.01 GB per step incl. lm_head.
     m = load_model("llama-3.1-8b-instruct")
     assert m.active_params_per_token / 1e9 == pytest.approx(6.98, abs=0.01)
     assert m.streamed_weight_bytes(1) / 1e9 == pytest.approx(15.01, abs=0.02)
-    assert m.kv_bytes_per_token(tp=1, kv_dtype_bytes=2) == 131072  # vllm.md §3.3 worked example
+    assert m.kv_bytes_per_token(tp=1, kv_dtype_bytes=2) == 131072  # vLLM kv_cache_interface.py
 
 
 def test_mixtral_activates_two_of_eight_experts() -> None:

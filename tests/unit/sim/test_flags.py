@@ -1,4 +1,4 @@
-"""vLLM's command line as vllm-sim reads it (vllm.md §2.1)."""
+"""vLLM's command line as vllm-sim reads it (vLLM arg_utils.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The three knobs move latency, queueing and capacity the way vLLM's physics says (design.md)."""
+"""The three knobs move latency, queueing and capacity the way vLLM's physics says."""
 
 from __future__ import annotations
 

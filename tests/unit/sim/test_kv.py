@@ -1,4 +1,5 @@
-"""Knob defaults, validation, KV sizing and vLLM's start-up failures (vllm.md §2.2, §3, §7)."""
+"""Knob defaults, validation, KV sizing and vLLM's start-up failures (vLLM arg_utils.py,
+gpu_worker.py, config/vllm.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def info(cfg: EngineConfig):  # type: ignore[no-untyped-def]
     return resolved, kv_cache_info(resolved, model, gpu)
 
 
-# vllm.md §2.2, API-server column.
+# vLLM arg_utils.py, API-server tier.
 @pytest.mark.parametrize(
     ("gpu", "mnbt", "mns"),
     [
@@ -103,7 +104,7 @@ def test_weights_that_cannot_load_are_a_cuda_oom() -> None:
 
 
 def test_kv_blocks_match_the_logged_real_run() -> None:
-    # real-vllm-measurements.md §2: Llama-2-7B, H100, TP1, util 0.90, mbt 2048, mns 128 -> 7462.
+    # An inference-sim logged run: Llama-2-7B, H100, TP1, util 0.90, mbt 2048, mns 128 -> 7462.
     _, kv = info(EngineConfig(model="meta-llama/Llama-2-7b-hf", gpu_memory_utilization=0.90,
                               max_num_batched_tokens=2048, max_num_seqs=128))  # fmt: skip
     assert kv.num_gpu_blocks == pytest.approx(7462, rel=0.03)
@@ -137,7 +138,7 @@ def test_knobs_move_capacity_the_physical_way() -> None:
 
 def test_capture_sizes_follow_the_default_rule() -> None:
     sizes = cudagraph_capture_sizes(1024, 8192, sm100=False)
-    assert len(sizes) == 51 and sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 512  # vllm.md §7
+    assert len(sizes) == 51 and sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 512  # config/vllm.py
     small = cudagraph_capture_sizes(100, 2048, sm100=False)
     assert max(small) == 200 and 100 in small
     assert max(cudagraph_capture_sizes(1024, 8192, sm100=True)) == 1024

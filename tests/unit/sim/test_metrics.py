@@ -143,12 +143,12 @@ def test_buckets_are_cumulative_and_vllms() -> None:
         (float(dict(lab)["le"]), v) for (name, lab), v in ttft.items() if name.endswith("_bucket")
     )
     assert [b for b, _ in bounds][:3] == [0.001, 0.005, 0.01] and bounds[-1][0] == math.inf
-    assert len(bounds) == 23  # 22 bounds of vllm.md §1.3 plus +Inf
+    assert len(bounds) == 23  # 22 bounds of vLLM buckets.py plus +Inf
     counts = [v for _, v in bounds]
     assert counts == sorted(counts) and counts[-1] == 30
     tok = fams["vllm:request_prompt_tokens"]
     les = sorted(float(dict(lab)["le"]) for (n, lab), _ in tok.items() if n.endswith("_bucket"))
-    assert les[:-1] == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]  # vllm.md §1.3 example
+    assert les[:-1] == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]  # vLLM buckets.py
     assert build_1_2_5_buckets(4096) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
 
 

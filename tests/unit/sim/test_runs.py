@@ -46,7 +46,7 @@ def test_the_calibration_set_parses_with_every_source_a_run() -> None:
     by_source: dict[str, int] = {}
     for r in runs:
         by_source[r.source.split()[0]] = by_source.get(r.source.split()[0], 0) + 1
-    # real-vllm-measurements.md §1: 16 A runs (4 models x 4 profiles).
+    # inference-sim/training: 16 A runs (4 models x 4 profiles).
     assert by_source["A"] == 16
     assert len({r.id for r in runs}) == len(runs)
     for r in runs:
@@ -59,7 +59,7 @@ def test_the_calibration_set_parses_with_every_source_a_run() -> None:
 
 
 def test_calibration_workloads_send_the_documented_request_counts() -> None:
-    # real-vllm-measurements.md §2, "Requests" column.
+    # The inference-sim runs' logs, "Requests" column.
     expected = {"general": 16800, "codegen": 9000, "roleplay": 7200, "reasoning": 4800}
     for r in load_runs(calibration_runs_path()):
         if r.workload.name in expected:

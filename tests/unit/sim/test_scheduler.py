@@ -1,4 +1,4 @@
-"""Properties of the V1 scheduling policy on random workloads and knobs (vllm.md §4)."""
+"""Properties of the V1 scheduling policy on random workloads and knobs (vLLM scheduler.py)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_decode_is_memory_bound_and_prefill_compute_bound() -> None:
     p1k = st.step_time(1024, 1, 0, 1024 * 1025 / 2)
     p8k = st.step_time(8192, 1, 0, 8192 * 8193 / 2)
     assert p8k > 6 * (p1k - 0.004)  # compute grows with tokens once weights are amortised
-    # simulator-calibration.md §1.2: 1024-token prefill of 8B on H100 roughly 25-35 ms
+    # Roofline of the weights: 1024-token prefill of 8B on H100 roughly 25-35 ms
     assert 0.015 < p1k < 0.045
 
 
