@@ -195,7 +195,13 @@ class PerformanceModel(Protocol):
         prior: Calibration | None,
     ) -> Calibration: ...
 
-    def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction: ...
+    def predict(
+        self, knobs: Knobs, workload: Workload, calibration: Calibration, capacity: bool = True
+    ) -> Prediction:
+        """`capacity=False` skips the capacity search when the knobs miss the SLO at the
+        workload's rate (their capacity is then reported as 0): a search ranks such
+        candidates by how far they miss, never by capacity."""
+        ...
 
 
 # --------------------------------------------------------------------------- analytic model
@@ -349,7 +355,9 @@ class AnalyticModel:
 
     # -- prediction --------------------------------------------------------------------------
 
-    def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction:
+    def predict(
+        self, knobs: Knobs, workload: Workload, calibration: Calibration, capacity: bool = True
+    ) -> Prediction:
         kv = self._kv(knobs, calibration)
         if self._starts(knobs) is False:
             return _cannot(kv, "vLLM would not start with these knobs (KV cache does not fit)")
@@ -362,7 +370,10 @@ class AnalyticModel:
         # the safety margin applies to whether a candidate is predicted to meet the SLO now.
         raw = replace(workload, safety_margin=1.0)
         meets_raw = st.stable and self._meets(raw, ttft, itl, e2e)
-        capacity = self._capacity(knobs, raw, calibration, kv, meets_raw)
+        if capacity or meets:
+            cap = self._capacity(knobs, raw, calibration, kv, meets_raw)
+        else:
+            cap = 0.0
         reason = "" if meets else ("overloaded: " + st.why if not st.stable else "SLO missed")
         return Prediction(
             ttft_ms=ttft * 1000.0,
@@ -371,7 +382,7 @@ class AnalyticModel:
             kv_capacity_tokens=kv,
             preemption_rate=0.0,
             feasible=meets,
-            capacity_rps=capacity,
+            capacity_rps=cap,
             meets_slo=meets,
             reason=reason,
             slo_ratio=slo_ratio(workload.slo, ttft * 1000.0, itl * 1000.0, e2e * 1000.0),
@@ -730,7 +741,9 @@ class EngineModel:
         }
         return replace(cal, extra=extra)
 
-    def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction:
+    def predict(
+        self, knobs: Knobs, workload: Workload, calibration: Calibration, capacity: bool = True
+    ) -> Prediction:
         if not self._usable() or "bandwidth_efficiency" not in calibration.extra:
             return self.analytic.predict(knobs, workload, calibration)
         x = calibration.extra
@@ -760,12 +773,12 @@ class EngineModel:
             workload, r.ttft_ms / 1000, r.itl_ms / 1000, r.e2e_ms / 1000
         )
         if meets:
-            capacity = self._capacity(knobs, workload, be, ce, ov, meets, api_ms)
+            cap = self._capacity(knobs, workload, be, ce, ov, meets, api_ms)
         else:
             # Below the current rate; a rough figure (rate over the SLO overshoot) is enough for
             # the reason text, and saves a bisection nobody ranks by.
             ratio = slo_ratio(workload.slo, r.ttft_ms, r.itl_ms, r.e2e_ms) / workload.safety_margin
-            capacity = workload.request_rate / max(1.0, ratio) if r.stable else 0.0
+            cap = workload.request_rate / max(1.0, ratio) if r.stable else 0.0
         return Prediction(
             ttft_ms=r.ttft_ms,
             itl_ms=r.itl_ms,
@@ -773,7 +786,7 @@ class EngineModel:
             kv_capacity_tokens=r.kv_tokens,
             preemption_rate=r.preemption_rate,
             feasible=meets,
-            capacity_rps=capacity,
+            capacity_rps=cap,
             meets_slo=meets,
             reason="" if meets else ("overloaded" if not r.stable else "SLO missed"),
             slo_ratio=slo_ratio(workload.slo, r.ttft_ms, r.itl_ms, r.e2e_ms),

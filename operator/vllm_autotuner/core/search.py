@@ -43,7 +43,7 @@ MNS_GRAIN = 8
 GMU_GRAIN = 0.01
 # Points per knob in the coarse pass (log-spaced over what one rollout may reach) and in the
 # refinement around the coarse pass's best.
-COARSE_POINTS = (9, 6, 3)
+COARSE_POINTS = (8, 5, 3)
 FINE_POINTS = (5, 3, 3)
 
 
@@ -228,7 +228,7 @@ def search(
             if allowed(k, applied, bounds, gmu_max, infeasible) is not None:
                 cache[key] = (math.inf, None)
             else:
-                p = stage_model.predict(k, workload, stage_cal)
+                p = stage_model.predict(k, workload, stage_cal, capacity=False)
                 cache[key] = (score_of(k, p), p)
         return cache[key][0]
 

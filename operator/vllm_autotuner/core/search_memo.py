@@ -109,10 +109,12 @@ class SearchMemo:
             (w0.gen_p90, w1.gen_p90),
             (c0.bandwidth, c1.bandwidth),
             (c0.compute, c1.compute),
-            (c0.admit_s, c1.admit_s),
-            (c0.api_s, c1.api_s),
         )
         if any(_drifted(a, b) for a, b in pairs):
+            return False
+        # Small costs (seconds) drift by a few ms before they matter.
+        costs = ((c0.admit_s, c1.admit_s), (c0.api_s, c1.api_s))
+        if any(abs(a - b) > max(DRIFT * max(a, b), COST_DRIFT_S) for a, b in costs):
             return False
         if abs(w0.prefix_hit_rate - w1.prefix_hit_rate) > PREFIX_HIT_DRIFT:
             return False
@@ -121,6 +123,9 @@ class SearchMemo:
         if kv0 is None or kv1 is None:
             return kv0 is None and kv1 is None
         return not _drifted(kv0, kv1)
+
+
+COST_DRIFT_S = 0.002
 
 
 def _drifted(a: float, b: float) -> bool:

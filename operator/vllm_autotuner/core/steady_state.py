@@ -37,7 +37,7 @@ from vllm_autotuner.core.physics import lognormal_sigma
 
 FloatArray = npt.NDArray[np.float64]
 
-STEPS = 1500
+STEPS = 1000
 _MAX_ARRIVALS = 24000
 _RNG = np.random.default_rng(20261203)
 # Exponential inter-arrival gaps at rate 1 and standard normals for lengths: common random

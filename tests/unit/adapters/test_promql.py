@@ -213,6 +213,7 @@ def _all_colon_series() -> list[str]:
                 "vllm:inter_token_latency_seconds",
                 "vllm:e2e_request_latency_seconds",
                 "vllm:request_queue_time_seconds",
+                "vllm:request_prefill_time_seconds",
                 "vllm:request_prompt_tokens",
                 "vllm:request_generation_tokens",
                 "vllm:iteration_tokens_total",

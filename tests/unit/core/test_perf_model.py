@@ -14,9 +14,17 @@ import numpy as np
 import pytest
 
 from tests.unit.core.test_decide import CTX, KNOBS, SLO_DEFAULT, make_snapshot
+from vllm_autotuner.core import perf_model as pm
 from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, EngineModel, Workload
 from vllm_autotuner.core.snapshot import KVCacheInfo, LatencySummary, LengthSummary, Snapshot
-from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs, SLOTarget
+from vllm_autotuner.core.steady_state import Knobs3, steady_state
+from vllm_autotuner.core.tuning_types import (
+    SLO,
+    DeploymentContext,
+    Knobs,
+    RolloutSettings,
+    SLOTarget,
+)
 from vllm_sim.engine import Engine
 from vllm_sim.types import EngineConfig, Reality
 from vllm_sim.workload import LengthDist, WorkloadSpec
@@ -32,20 +40,25 @@ def calibrated(**snap_kw: object) -> tuple[AnalyticModel, Workload, Calibration]
 def test_calibration_reproduces_the_observed_itl_and_ttft() -> None:
     model, w, cal = calibrated(itl_p95=45.0, itl_mean=22.0, ttft_p95=600.0)
     assert cal.fitted
-    p = model.predict(KNOBS, w, cal)
-    assert p.itl_ms == pytest.approx(45.0, rel=0.05)
-    st = model._steady(KNOBS, w, cal)
-    assert st.step_s * 1000 == pytest.approx(22.0, rel=0.05)
-    # The median TTFT is matched through the per-request overhead.
-    ttft50 = model._latencies(KNOBS, w, cal, percentile_override=50.0)[0] * 1000
-    assert ttft50 == pytest.approx(600.0 / 3.0, rel=0.05)
+    assert cal.fit_error is not None and cal.fit_error < 0.05
+    # At the batch the window ran (the running gauge), not Little's law's: engine physics.
+    st = steady_state(
+        pm._traffic(w, w.request_rate),
+        Knobs3(KNOBS.max_num_batched_tokens, KNOBS.max_num_seqs, model._kv(KNOBS, cal)),
+        model._curve_at(cal),
+        pm._costs(cal),
+        running=make_snapshot().running_mean,
+    )
+    assert st.itl_mean_s * 1000 == pytest.approx(22.0, rel=0.05)
+    # What the engine cannot explain of the median TTFT is the API overhead.
+    assert st.ttft(0.5) * 1000 == pytest.approx(600.0 / 3.0, rel=0.05)
 
 
 def test_smaller_token_budget_shortens_steps_but_lengthens_prefill() -> None:
     model, w, cal = calibrated(itl_p95=45.0, itl_mean=22.0)
     big, small = (
         model.predict(KNOBS, w, cal),
-        model.predict(replace(KNOBS, max_num_batched_tokens=512), w, cal),
+        model.predict(Knobs(512, 256, KNOBS.gpu_memory_utilization), w, cal),
     )
     assert small.itl_ms < big.itl_ms
     assert small.ttft_ms > big.ttft_ms
@@ -68,26 +81,22 @@ def test_fewer_sequences_cap_capacity() -> None:
 
 
 def test_capacity_is_the_edge_of_meeting_the_slo() -> None:
+    """Capacity is at the SLO's own thresholds (the margin only gates proposals)."""
     model, w, cal = calibrated()
-    cap = model.predict(KNOBS, w, cal).capacity_rps
+    raw = replace(w, safety_margin=1.0)
+    cap = model.predict(KNOBS, raw, cal).capacity_rps
     assert cap > 0
-    assert model.predict(KNOBS, w.at_rate(cap * 0.95), cal).meets_slo
-    assert not model.predict(KNOBS, w.at_rate(cap * 1.1), cal).meets_slo
+    assert model.predict(KNOBS, raw.at_rate(cap * 0.95), cal).meets_slo
+    assert not model.predict(KNOBS, raw.at_rate(cap * 1.1), cal).meets_slo
 
 
-def test_a_kv_cache_too_small_for_one_request_is_infeasible() -> None:
+def test_knobs_vllm_would_not_start_with_are_infeasible() -> None:
     model, w, cal = calibrated()
-    gib = 2**30
-    # 42 GiB of weights and activations on an 80 GiB GPU: at 0.5 nothing is left for KV.
-    cal = replace(
-        cal,
-        kv_bytes_per_token=131072,
-        gpu_memory_bytes=80 * gib,
-        observed_kv_tokens=30 * gib / 131072,
-        observed_gmu=0.9,
-    )
-    p = model.predict(replace(KNOBS, gpu_memory_utilization=0.5), w, cal)
-    assert not p.feasible and p.capacity_rps == 0.0 and math.isinf(p.slo_ratio)
+    # 0.2 of 80 GiB cannot hold 16 GB of weights; a budget below max_num_seqs is refused.
+    for knobs in (replace(KNOBS, gpu_memory_utilization=0.2), Knobs(512, 1024, 0.92)):
+        p = model.predict(knobs, w, cal)
+        assert not p.feasible and p.capacity_rps == 0.0 and math.isinf(p.slo_ratio)
+        assert "would not start" in p.reason
 
 
 def test_kv_capacity_follows_memory_with_known_bytes_per_token() -> None:
@@ -126,11 +135,11 @@ def test_calibration_round_trips_through_status() -> None:
 
 
 def test_without_itl_the_prior_is_kept() -> None:
-    prior = Calibration(step_scale=2.5, compute_scale=0.7)
+    prior = Calibration(bandwidth=0.8, compute=0.7)
     snap = replace(make_snapshot(), itl=replace(make_snapshot().itl, mean_ms=None, p50_ms=None))
     w = Workload.from_snapshot(snap, SLO(itl=SLOTarget(95, 50)), 0.9)
     cal = AnalyticModel().calibrate(snap, KNOBS, CTX, w, prior)
-    assert (cal.step_scale, cal.compute_scale) == (2.5, 0.7)
+    assert (cal.bandwidth, cal.compute) == (0.8, 0.7)
     assert not cal.fitted
 
 
@@ -141,7 +150,12 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # What the tuner cannot see: this deployment runs slower than the catalog GPU and spends CPU
 # time on every admission.
 HIDDEN = Reality(bandwidth_efficiency=0.7, compute_efficiency=0.6, per_request_overhead_s=0.002)
-ENGINE_CTX = DeploymentContext(model=MODEL, gpu_product="NVIDIA-H100-80GB-HBM3", max_model_len=8192)
+ENGINE_CTX = DeploymentContext(
+    model=MODEL,
+    gpu_product="NVIDIA-H100-80GB-HBM3",
+    max_model_len=8192,
+    rollout=RolloutSettings(max_surge=1),
+)
 RATE = 8.0
 
 

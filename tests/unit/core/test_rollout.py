@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, time, timedelta
 
 import pytest
 
 from tests.unit.core.test_decide import KNOBS, SLO_DEFAULT, make_snapshot
+from vllm_autotuner.core.perf_model import Prediction
 from vllm_autotuner.core.rollout import (
-    judge,
+    judge_before_after,
     pod_failure,
     roll_day,
     rollout_blocker,
@@ -17,7 +19,6 @@ from vllm_autotuner.core.rollout import (
 from vllm_autotuner.core.tuning_types import (
     Knobs,
     MaintenanceWindow,
-    Measured,
     PodHealth,
     RolloutRules,
     TuningState,
@@ -138,26 +139,37 @@ def test_rollout_progress_waits_for_every_replica_and_no_old_pod() -> None:
     assert rollout_progress((new,), CAND, 2) == (1, False)
 
 
-BASE = Measured(request_rate=4.0, ttft_ms=400.0, itl_ms=30.0)
+def pred(capacity: float, ratio: float) -> Prediction:
+    """A prediction with this capacity and worst SLO ratio at the window's load."""
+    inf = math.inf
+    meets = ratio <= 1.0
+    return Prediction(400.0, 50.0 * ratio, inf, None, 0.0, meets, capacity, meets, "", ratio)
 
 
 @pytest.mark.parametrize(
-    ("snap_kw", "baseline", "prev_ok", "keep"),
+    ("snap_kw", "candidate", "baseline_here", "keep"),
     [
-        ({"itl_p95": 40.0}, BASE, None, True),  # SLO met
-        ({"itl_p95": 70.0}, BASE, True, False),  # regression at the same load
-        ({"itl_p95": 70.0}, None, None, False),  # no baseline: a violation is a failure
-        # Much more load, and the old knobs would miss too: not the candidate's fault.
-        ({"itl_p95": 70.0, "rate": 10.0}, BASE, False, True),
-        ({"itl_p95": 70.0, "rate": 10.0}, BASE, True, False),
-        # The baseline missed the SLO as well; the candidate is no worse.
-        ({"itl_p95": 70.0}, Measured(4.0, 400.0, 72.0), None, True),
-        ({"itl_p95": 90.0}, Measured(4.0, 400.0, 60.0), None, False),
+        # SLO met where the previous knobs would miss it at this load: kept.
+        ({"itl_p95": 40.0}, pred(6.0, 0.8), pred(3.0, 1.3), True),
+        # SLO met, the previous knobs would meet it too: the gain must be measured.
+        ({"itl_p95": 40.0}, pred(6.0, 0.8), pred(5.0, 0.9), True),
+        ({"itl_p95": 40.0}, pred(5.0, 0.8), pred(5.0, 0.7), False),
+        # Missed here: kept only if the previous knobs would miss it by more at this load.
+        ({"itl_p95": 70.0}, pred(3.0, 1.4), pred(2.0, 2.0), True),
+        ({"itl_p95": 70.0}, pred(3.0, 1.4), pred(2.0, 1.3), False),
+        # A load the baseline never saw changes nothing: the model says what it would do.
+        ({"itl_p95": 70.0, "rate": 10.0}, pred(3.0, 1.4), pred(2.0, 1.45), False),
     ],
 )
-def test_judge(
-    snap_kw: dict[str, float], baseline: Measured | None, prev_ok: bool | None, keep: bool
+def test_judge_before_after(
+    snap_kw: dict[str, float], candidate: Prediction, baseline_here: Prediction, keep: bool
 ) -> None:
-    v = judge(make_snapshot(**snap_kw), SLO_DEFAULT, baseline, prev_ok)  # type: ignore[arg-type]
+    v = judge_before_after(
+        make_snapshot(**snap_kw),  # type: ignore[arg-type]
+        SLO_DEFAULT,
+        candidate,
+        baseline_here,
+        min_gain_pct=5.0,
+    )
     assert v.keep is keep, v.reason
     assert any(ch.isdigit() for ch in v.reason)

@@ -84,7 +84,6 @@ LEGIT_FLAGS = (
     "load-format",
     "download-dir",
     "long-prefill-token-threshold",
-    "shutdown-timeout",
     "optimization-level",
     "async-scheduling",
     "stream-interval",
