@@ -202,7 +202,9 @@ def build(src: Path | None = None, *, out: TextIO = sys.stderr) -> Path:
     """`go build` the four binaries into the cache (atomically: a stopped build leaves none)."""
     src = src or source_dir()
     if not (src / "go.mod").is_file():
-        raise BuildError(f"the control plane's Go module is not at {src} (set VLLM_CONTROLPLANE_SRC)")
+        raise BuildError(
+            f"the control plane's Go module is not at {src} (set VLLM_CONTROLPLANE_SRC)"
+        )
     go = go_binary()
     target = cache_dir(src)
     target.parent.mkdir(parents=True, exist_ok=True)

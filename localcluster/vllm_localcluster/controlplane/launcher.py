@@ -361,6 +361,10 @@ class ControlPlane:
                 f"--kubeconfig={self.workdir / 'controller-manager.kubeconfig'}",
                 f"--controllers={','.join(CONTROLLERS)}",
                 f"--root-ca-file={self.pki.ca_cert}",
+                # Each controller acts as its own service account, with the bootstrap roles
+                # the API server grants them (as kubeadm sets it up).
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={self.pki.service_account_key}",
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--profiling=false",
@@ -373,6 +377,7 @@ class ControlPlane:
                     str(self.binaries.scheduler),
                     f"--kubeconfig={self.workdir / 'scheduler.kubeconfig'}",
                     "--leader-elect=false",
+                    "--v=2",
                     "--secure-port=0",
                     "--profiling=false",
                 ],

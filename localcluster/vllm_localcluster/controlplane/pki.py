@@ -127,9 +127,7 @@ def generate(directory: Path) -> Pki:
         service_account_key=_write_private(directory / "sa.key", _key_pem(sa_key)),
         service_account_public_key=_write_private(
             directory / "sa.pub",
-            sa_key.public_key().public_bytes(
-                pem, serialization.PublicFormat.SubjectPublicKeyInfo
-            ),
+            sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo),
         ),
         token_file=_write_private(directory / "tokens.csv", ("\n".join(lines) + "\n").encode()),
         tokens=tokens,
