@@ -28,7 +28,6 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.support.kube import KubeHandle, kube, kube_api, running_emulator  # noqa: F401
 from tests.support.waiting import wait_for
-from vllm_localcluster.emulator import EmulatorServer
 
 GROUP, VERSION = "example.dev", "v1"
 WIDGETS = f"/apis/{GROUP}/{VERSION}/namespaces/default/widgets"

@@ -38,7 +38,8 @@ def on_term(*_):
 signal.signal(signal.SIGTERM, on_term)
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(os.environ["POD_NAME"].encode())
+        self.send_response(200); self.end_headers()
+        self.wfile.write(os.environ["POD_NAME"].encode())
     def log_message(self, *args):
         pass
 server = http.server.ThreadingHTTPServer((os.environ["POD_IP"], 8000), Handler)

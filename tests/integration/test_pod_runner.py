@@ -18,9 +18,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-
-from tests.support.kube import KubeHandle, running_emulator
-from tests.support.waiting import wait_for
 from vllm_localcluster.pods import PORT_ANNOTATION, PodRunner, RunnerConfig
 from vllm_localcluster.runner import container as container_module
 from vllm_localcluster.runner import kubelet as kubelet_module
@@ -37,6 +34,9 @@ from vllm_localcluster.runner.workloads import (
     strategy_of,
     template_hash,
 )
+
+from tests.support.kube import KubeHandle, running_emulator
+from tests.support.waiting import wait_for
 
 T = TypeVar("T")
 

@@ -128,6 +128,9 @@ class ControlPlane:
         binaries: bins.Binaries | None = None,
         crds: Sequence[Mapping[str, Any]] | None = None,
         scheduler: bool = True,
+        controllers: Sequence[str] = CONTROLLERS,
+        audit: bool = False,
+        operator_role: str | None = "cluster-admin",
         extra_apiserver_args: Sequence[str] = (),
         startup_timeout_s: float = 90.0,
     ) -> None:
@@ -136,6 +139,9 @@ class ControlPlane:
         self.binaries = binaries
         self.crds = crds
         self.with_scheduler = scheduler
+        self.controllers = tuple(controllers)
+        self.audit = audit
+        self.operator_role = operator_role
         self.extra_apiserver_args = list(extra_apiserver_args)
         self.startup_timeout_s = startup_timeout_s
         self.components: list[Component] = []
@@ -167,6 +173,15 @@ class ControlPlane:
     def token_for(self, user: str) -> str:
         assert self.pki is not None, "the control plane is not running"
         return self.pki.token(user)
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (JSON lines, one per request) when `audit` is on."""
+        return self.workdir / "audit.log"
+
+    def operator_credentials(self) -> tuple[str, str, Path]:
+        """(server, token, CA file) of the `vllm-autotuner` identity the operator runs as."""
+        return self.url, self.token_for(pki_mod.OPERATOR[0]), self.ca_file
 
     def pids(self) -> set[int]:
         return {c.process.pid for c in self.components}
@@ -212,8 +227,13 @@ class ControlPlane:
             self._timed("etcd", self._start_etcd)
             self._timed("kube-apiserver", self._start_apiserver)
             self._write_kubeconfigs()
-            self._timed("controllers", self._start_controllers)
+            # CRDs before the controller manager: the garbage collector discovers the resources
+            # it watches at start and only every 30 s after, so owner references to our CRs
+            # are followed from the first second.
             self._timed("crds", lambda: self.install_crds(self._crds()))
+            self._timed("controllers", self._start_controllers)
+            if self.operator_role is not None:
+                self.bind_operator(self.operator_role)
         except BaseException:
             self.stop()
             raise
@@ -329,6 +349,7 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
                 "--profiling=false",
+                *self._audit_args(),
                 *self.extra_apiserver_args,
             ],
         )
@@ -339,27 +360,14 @@ class ControlPlane:
 
         self._wait(apiserver, ready, "ready API server (/readyz)")
 
-    def _write_kubeconfigs(self) -> None:
-        assert self.pki is not None
-        for user, file in (
-            (pki_mod.ADMIN[0], self.kubeconfig),
-            (pki_mod.CONTROLLER_MANAGER[0], self.workdir / "controller-manager.kubeconfig"),
-            (pki_mod.SCHEDULER[0], self.workdir / "scheduler.kubeconfig"),
-            (pki_mod.NODE_AGENT[0], self.workdir / "node-agent.kubeconfig"),
-        ):
-            document = kubeconfig_document(self.url, self.pki.ca_cert, self.pki.token(user), user)
-            fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as out:
-                yaml.safe_dump(document, out)
-
-    def _start_controllers(self) -> None:
+    def _spawn_controller_manager(self) -> None:
         assert self.binaries is not None and self.pki is not None
         self._spawn(
             "kube-controller-manager",
             [
                 str(self.binaries.controller_manager),
                 f"--kubeconfig={self.workdir / 'controller-manager.kubeconfig'}",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(self.controllers)}",
                 f"--root-ca-file={self.pki.ca_cert}",
                 # Each controller acts as its own service account, with the bootstrap roles
                 # the API server grants them (as kubeadm sets it up).
@@ -370,6 +378,73 @@ class ControlPlane:
                 "--profiling=false",
             ],
         )
+
+    def _audit_args(self) -> list[str]:
+        """Every request at level Request (who, what, the body sent), written when the
+        response is complete: what the tests read to see what the operator did."""
+        if not self.audit:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived", "ResponseStarted"],
+                    "rules": [{"level": "Request"}],
+                }
+            )
+        )
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+        ]
+
+    def bind_operator(self, cluster_role: str) -> None:
+        """Grant the `vllm-autotuner` identity a ClusterRole (replacing an earlier grant)."""
+        path = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/vllm-autotuner-test"
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "vllm-autotuner-test"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": cluster_role,
+            },
+            "subjects": [
+                {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "User",
+                    "name": pki_mod.OPERATOR[0],
+                }
+            ],
+        }
+        self.request("DELETE", path)
+        status, body = self.request("POST", path.rsplit("/", 1)[0], binding)
+        if status != 201:
+            raise ControlPlaneError(f"binding the operator to {cluster_role}: {status} {body}")
+
+    def _write_kubeconfigs(self) -> None:
+        assert self.pki is not None
+        for user, file in (
+            (pki_mod.ADMIN[0], self.kubeconfig),
+            (pki_mod.CONTROLLER_MANAGER[0], self.workdir / "controller-manager.kubeconfig"),
+            (pki_mod.SCHEDULER[0], self.workdir / "scheduler.kubeconfig"),
+            (pki_mod.NODE_AGENT[0], self.workdir / "node-agent.kubeconfig"),
+            (pki_mod.OPERATOR[0], self.workdir / "operator.kubeconfig"),
+        ):
+            document = kubeconfig_document(self.url, self.pki.ca_cert, self.pki.token(user), user)
+            fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                yaml.safe_dump(document, out)
+
+    def _start_controllers(self) -> None:
+        assert self.binaries is not None and self.pki is not None
+        if self.controllers:
+            self._spawn_controller_manager()
         if self.with_scheduler:
             self._spawn(
                 "kube-scheduler",
@@ -377,7 +452,6 @@ class ControlPlane:
                     str(self.binaries.scheduler),
                     f"--kubeconfig={self.workdir / 'scheduler.kubeconfig'}",
                     "--leader-elect=false",
-                    "--v=2",
                     "--secure-port=0",
                     "--profiling=false",
                 ],

@@ -29,7 +29,10 @@ SCHEDULER = ("system:kube-scheduler", "")
 # The node agent authenticates as an administrator: the Node authorizer would demand a client
 # certificate named system:node:<name>, and the agent is test infrastructure, not a kubelet.
 NODE_AGENT = ("vllm-localcluster:node-agent", "system:masters")
-IDENTITIES = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, NODE_AGENT)
+# The operator under test: its own name, so the audit log tells its requests from the test's.
+# No group: callers bind it to what it may do (the chart's ClusterRole, or cluster-admin).
+OPERATOR = ("vllm-autotuner", "")
+IDENTITIES = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, NODE_AGENT, OPERATOR)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,11 @@ def _certificate(
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        # Key identifiers: strict verifiers (urllib3 2, Python 3.13) refuse chains without.
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), False
+        )
     )
     if ca:
         usage = x509.KeyUsage(False, False, False, False, False, True, True, False, False)
