@@ -62,7 +62,8 @@ def loopback_of(pod_ip: str) -> str:
 
 def allocate_pod_ip(port: int, taken: set[str]) -> str:
     """A random 127.a.b.c (a >= 128) whose `port` is free now: random, so that two clusters on
-    one machine (parallel test runs) rarely meet; the caller re-allocates on a clash at bind."""
+    one machine (parallel test runs) rarely meet. A pod keeps its address for life, as in
+    Kubernetes (the API server refuses a second IP of one family)."""
     for _ in range(100):
         ip = f"127.{random.randint(128, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
         if ip in taken:

@@ -53,8 +53,6 @@ BACKOFF_MAX_S = 300.0
 BACKOFF_RESET_S = 600.0
 # The kubelet's one-off extension when the preStop hook used the whole grace period.
 PRE_STOP_EXTENSION_S = 2.0
-# What vllm-sim and vLLM (uvicorn's OSError) print when the address is already in use.
-PORT_TAKEN_MARKERS = ("cannot listen on port", "Address already in use")
 
 TargetGroups = list[dict[str, Any]]
 
@@ -236,10 +234,6 @@ class Kubelet:
                 delay = min(BACKOFF_INITIAL_S * 2 ** (container.failures - 1), BACKOFF_MAX_S)
             container.failures += 1
             container.backoff_s = delay
-            if any(m in container.process.log_since_start() for m in PORT_TAKEN_MARKERS):
-                # Another process took the address between probing and binding: pick again.
-                taken = {c.ip for c in self.containers.values()}
-                container.ip = allocate_pod_ip(container.port, taken)
             container.restart_at = now + delay / self.config.backoff_scale
             container.ready = container.started = False
         if container.restart_at is not None and now >= container.restart_at:
