@@ -1,9 +1,9 @@
-"""The fault-injection tests run against the API emulator, not the real API server.
+"""The fault-injection tests: the real API server with a fault-injecting proxy in front of it.
 
-They make the API fail on cue (409 conflicts, 500/503 bursts, slow answers, cut watches,
-compaction, a write "kill switch" between two requests) and read back every stored version of
-an object: things kube-apiserver cannot be made to do from outside. docs/decisions.md says why
-this part of the emulator stays and what it costs.
+The operator under test talks to the proxy (vllm_localcluster.faults.FaultProxy), which makes
+chosen requests fail on cue (409 conflicts, 500/503 bursts, slow answers, cut watches, the
+410 Gone of a compacted history) and records every request; the test itself, and the fake
+kubelet, talk to the API server directly.
 """
 
 from __future__ import annotations
@@ -12,28 +12,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.cluster_api import NS, Api
-from vllm_autotuner.api.crds import render_crds
-from vllm_localcluster.emulator import EmulatorServer
+from tests.support.cluster_api import ApiServer
+from vllm_localcluster.faults import FaultProxy
 
 
 @pytest.fixture
-def emulator() -> Iterator[EmulatorServer]:
-    """The API emulator with our CRDs, on a free loopback port, stopped after the test."""
-    server = EmulatorServer(host="127.0.0.1", port=0)
-    for crd in render_crds():
-        server.emulator.register_crd(crd)
-    server.start_in_thread()
+def proxy(apiserver: ApiServer) -> Iterator[FaultProxy]:
+    """A proxy to the session's API server; clients without credentials act as the operator."""
+    token = apiserver.operator_credentials().token
+    proxy = FaultProxy(apiserver.url, str(apiserver.ca_file), token=token).start_in_thread()
     try:
-        yield server
+        yield proxy
     finally:
-        server.stop()
-
-
-@pytest.fixture
-def api(emulator: EmulatorServer) -> Api:
-    api = Api(emulator.url)
-    api.create(
-        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
-    )
-    return api
+        proxy.stop()
