@@ -305,7 +305,8 @@ class FaultProxy:
         )
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, handle_signals=False)
+        # Handlers still streaming a watch at shutdown are cut after 1 s (aiohttp waits 60 s).
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
@@ -319,11 +320,13 @@ class FaultProxy:
                 await self._start()
                 self._ready.set()
                 await self._stop.wait()
+                # Upstream first: open watches end at once instead of holding the server's
+                # graceful shutdown until their next event.
+                if self._session is not None:
+                    await self._session.close()
                 await self._close_watches()
                 if self._runner is not None:
                     await self._runner.cleanup()
-                if self._session is not None:
-                    await self._session.close()
 
             asyncio.run(body())
 

@@ -145,7 +145,7 @@ class ServiceProxy:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        self._runner = web.AppRunner(app, handle_signals=False)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
