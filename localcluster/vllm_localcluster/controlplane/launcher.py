@@ -463,8 +463,14 @@ class ControlPlane:
     # ------------------------------------------------------------------ CRDs
 
     def _crds(self) -> list[Mapping[str, Any]]:
+        """The CRDs as a user installs them: crds/*.yaml of this checkout (a test keeps those
+        equal to the API models), else rendered from the models (an installed package)."""
         if self.crds is not None:
             return list(self.crds)
+        directory = Path(__file__).resolve().parents[3] / "crds"
+        files = sorted(directory.glob("*.yaml")) if directory.is_dir() else []
+        if files:
+            return [doc for f in files for doc in yaml.safe_load_all(f.read_text()) if doc]
         from vllm_autotuner.api.crds import render_crds
 
         return list(render_crds())
