@@ -362,14 +362,19 @@ class Soak:
         return list(self.api("GET", path).get("items", []))
 
     def settle(self, names: list[str], limit_s: float) -> None:
-        """Wait until no deployment is in a trial and every Deployment runs what its status
-        says is applied, available (or the limit passes: the checks then say what is wrong)."""
+        """Wait until no deployment is in a trial, every Deployment is available, and the
+        operator has metrics of the revision it runs (a rollback just before the end needs a
+        window of the new pod first), or the limit passes: the checks then say what is wrong."""
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             settled = True
             for item in self.items():
                 tuning = (item.get("status") or {}).get("tuning") or {}
                 if tuning.get("phase") in ("RollingOut", "Verifying"):
+                    settled = False
+                conditions = (item.get("status") or {}).get("conditions") or []
+                metrics = [c for c in conditions if c.get("type") == "MetricsAvailable"]
+                if not metrics or metrics[0].get("status") != "True":
                     settled = False
                 name = item["metadata"]["name"]
                 dep = self.deployment(name) or {}

@@ -122,7 +122,7 @@ def find(src: Path | None = None) -> Binaries:
             f"control plane binaries missing: {', '.join(missing)} (looked in "
             f"KUBEBUILDER_ASSETS={os.environ.get('KUBEBUILDER_ASSETS', '')!r} and {cached}). "
             "Build them once with `make controlplane` (or `vllm-localcluster controlplane "
-            "build`): about 20 minutes on 2 cores the first time."
+            "build`): about 9 minutes on 2 cores the first time."
         )
     return Binaries(
         etcd=paths[ETCD],
@@ -221,7 +221,7 @@ def build(src: Path | None = None, *, out: TextIO = sys.stderr) -> Path:
         *PACKAGES.values(),
     ]
     print(f"building the control plane {version} with {go} into {target} "
-          "(first time only: about 20 minutes on 2 cores)", file=out, flush=True)  # fmt: skip
+          "(first time only: about 9 minutes on 2 cores)", file=out, flush=True)  # fmt: skip
     started = time.monotonic()
     try:
         _run_with_progress(command, src, out)
