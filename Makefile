@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all e2e lint typecheck crds bench prometheus clean
+.PHONY: demo test test-all e2e lint typecheck crds bench prometheus controlplane clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 (Debian: apt-get install python3.11 python3.11-venv)"; exit 1; }
@@ -20,6 +20,13 @@ venv: $(STAMP)
 prometheus:
 	@bash scripts/ensure-prometheus.sh
 
+# The real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler) built from the Go module in controlplane/ once, then cached under
+# ~/.cache/vllm-autotuner/controlplane/ (about 9 minutes on 2 cores the first time; seconds
+# after). KUBEBUILDER_ASSETS, if set, provides the binaries it holds.
+controlplane: $(STAMP)
+	@$(BIN)/vllm-localcluster controlplane path >/dev/null 2>&1 || { VENV=$(VENV) bash scripts/ensure-go.sh && PATH="$(abspath $(BIN)):$$PATH" $(BIN)/vllm-localcluster controlplane ensure; }
+
 lint: $(STAMP)
 	$(BIN)/ruff check operator sim localcluster tests bench e2e
 	$(BIN)/ruff format --check operator sim localcluster tests bench e2e
@@ -28,14 +35,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) prometheus lint typecheck
+test: $(STAMP) prometheus controlplane lint typecheck
 	$(BIN)/pytest -q
 
-test-all: $(STAMP) prometheus
+test-all: $(STAMP) prometheus controlplane
 	$(BIN)/pytest -q -m ''
 
 # The closed loop on the one-machine cluster (several minutes per scenario).
-e2e: $(STAMP) prometheus
+e2e: $(STAMP) prometheus controlplane
 	$(BIN)/pytest -q e2e -m e2e
 
 bench: $(STAMP)
@@ -45,7 +52,7 @@ crds: $(STAMP)
 	$(BIN)/vllm-autotuner crds --out crds
 	$(BIN)/python scripts/sync-chart-crds.py
 
-demo: $(STAMP) prometheus
+demo: $(STAMP) prometheus controlplane
 	$(BIN)/vllm-localcluster demo
 
 clean:

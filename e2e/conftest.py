@@ -1,8 +1,9 @@
 """Fixtures of the closed-loop scenarios: a fresh local cluster per scenario, always cleaned up.
 
-Each scenario gets its own cluster (API emulator, pod runner, real Prometheus), Service proxy
-and operator process, because the scenarios break things on purpose (OOM-ing pods, a killed
-operator, a stopped Prometheus) and must not inherit each other's state. Teardown stops
+Each scenario gets its own cluster (kube-apiserver, etcd, controller manager, scheduler, node
+agent, real Prometheus), Service proxy and operator process, because the scenarios break
+things on purpose (OOM-ing pods, a killed operator, a stopped Prometheus) and must not inherit
+each other's state. Teardown stops
 everything and fails the test if any process it started is still running.
 """
 

@@ -201,13 +201,15 @@ class ClosedLoop:
         self.load: LoadDriver | None = None
         self.name = ""
         self.session = requests.Session()
+        self.session.trust_env = False  # this cluster's CA, not REQUESTS_CA_BUNDLE
         self.started_pids: set[int] = set()
 
     # ------------------------------------------------------------------------ lifecycle
 
     def start(self) -> ClosedLoop:
         self.cluster.start()
-        self.proxy = ServiceProxy(self._endpoints).start_in_thread()
+        self.session.headers["Authorization"] = f"Bearer {self.cluster.token}"
+        self.session.verify = str(self.cluster.ca_file)
         return self
 
     def close(self) -> set[int]:
@@ -279,7 +281,7 @@ class ClosedLoop:
 
         PrometheusServer.start() picks a fresh port unless one was requested, and the operator's
         URL cannot change, so the restarted server is a new object pinned to the port. The pod
-        runner keeps writing targets through the old object's `set_targets`, which writes the
+        node agent keeps writing targets through the old object's `set_targets`, which writes the
         same file in the same directory, so discovery continues.
         """
         old = self.cluster.prometheus
@@ -311,6 +313,10 @@ class ClosedLoop:
         self.create(POLICY_PATH, policy)
         self.create(cr_path(self.namespace), deployment)
         self.name = str(deployment["metadata"]["name"])
+        # The Service the operator creates is named after the VLLMDeployment.
+        self.proxy = ServiceProxy.for_service(
+            self.cluster.api_endpoint(), self.namespace, self.name
+        ).start_in_thread()
 
     def cr(self) -> dict[str, Any]:
         return self.get(f"{cr_path(self.namespace)}/{self.name}") or {}
@@ -357,11 +363,8 @@ class ClosedLoop:
 
     # ------------------------------------------------------------------------ traffic
 
-    def _endpoints(self) -> list[tuple[str, str]]:
-        return self.cluster.endpoints(self.namespace, self.name) if self.name else []
-
     def ready_endpoints(self) -> int:
-        return len(self._endpoints())
+        return len(self.proxy.endpoints()) if self.proxy is not None else 0
 
     def start_load(self, workload: str, rate: float, *, minutes: float = 12.0) -> LoadDriver:
         assert self.proxy is not None

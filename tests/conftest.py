@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cluster_api import api, apiserver
 from tests.support.prometheus import running_prometheus
 from vllm_localcluster.prometheus import PrometheusServer
+
+# The real API server (one per session) and a per-test client that cleans up after the test.
+__all__ = ["api", "apiserver"]
 
 
 @pytest.fixture

@@ -1,21 +1,25 @@
-"""The API emulator in its own process, with its request log reachable over a pipe.
+"""The real kube-apiserver (with etcd and the garbage collector) for the scale benchmark.
 
-At a thousand deployments the emulator is as busy as the operator (watches, lists, status
-patches); sharing a process, and so a GIL, with the benchmark's Prometheus stand-in and kubelet
-would slow all three and show up as operator latency. A child process gets its own core.
+The control plane runs in its own processes, as in a cluster, so it never shares the
+operator's CPU time or GIL. What the operator wrote is read back from the API server's audit
+log (every request, with its user agent), from the moment `clear_requests()` was called.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+
+import requests
+
+from vllm_localcluster.controlplane import ControlPlane
 
 READS = frozenset({"get", "list", "watch"})
+CONTROLLERS = ("garbage-collector-controller", "namespace-controller",
+               "serviceaccount-controller")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -25,77 +29,52 @@ class Write:
     user_agent: str
 
 
-def _serve(conn: Connection, crds: str) -> None:
-    from vllm_localcluster.emulator import EmulatorServer
-
-    server = EmulatorServer(crds=crds, max_requests_kept=500_000).start_in_thread()
-    conn.send(server.url)
-    while True:
-        command = conn.recv()
-        if command == "clear":
-            server.emulator.clear_requests()
-            conn.send(None)
-        elif command == "writes":
-            conn.send(
-                [
-                    (
-                        r.verb,
-                        f"{r.resource}{'/' + r.subresource if r.subresource else ''}",
-                        r.user_agent or "",
-                    )
-                    for r in server.emulator.requests
-                    if r.verb not in READS
-                ]
-            )
-        else:
-            server.stop()
-            conn.send(None)
-            return
-
-
 class ApiServer:
-    def __init__(self, conn: Connection, url: str) -> None:
-        self._conn = conn
-        self.url = url
+    def __init__(self, control_plane: ControlPlane) -> None:
+        self.control_plane = control_plane
+        self.url = control_plane.url
+        self._offset = 0
 
-    def _ask(self, command: str) -> Any:
-        self._conn.send(command)
-        return self._conn.recv()
+    def session(self, user_agent: str) -> requests.Session:
+        """An admin session trusting this cluster's CA (and no environment's bundle)."""
+        session = requests.Session()
+        session.trust_env = False
+        session.verify = str(self.control_plane.ca_file)
+        session.headers["Authorization"] = f"Bearer {self.control_plane.token}"
+        session.headers["User-Agent"] = user_agent
+        return session
 
     def clear_requests(self) -> None:
-        self._ask("clear")
+        log = self.control_plane.audit_log
+        self._offset = log.stat().st_size if log.exists() else 0
 
     def writes(self) -> list[Write]:
-        return [Write(*w) for w in self._ask("writes")]
+        """The operator's writes (its identity, vllm-autotuner) since `clear_requests()`."""
+        with self.control_plane.audit_log.open("rb") as log:
+            log.seek(self._offset)
+            events = [json.loads(line) for line in log.read().splitlines() if line.strip()]
+        found = []
+        for event in events:
+            ref = event.get("objectRef") or {}
+            if event.get("verb") in READS or not ref.get("resource"):
+                continue
+            if (event.get("user") or {}).get("username") != "vllm-autotuner":
+                continue  # the controllers', the fleet's and the driver's writes
+            resource = ref["resource"] + (
+                f"/{ref['subresource']}" if ref.get("subresource") else ""
+            )
+            found.append(Write(event["verb"], resource, str(event.get("userAgent", ""))))
+        return found
 
     def write_kubeconfig(self, path: Path) -> Path:
-        path.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: e, cluster: {{server: '{self.url}'}}}}]\n"
-            "users: [{name: e, user: {token: emulator}}]\n"
-            "contexts: [{name: e, context: {cluster: e, user: e}}]\n"
-            "current-context: e\n"
-        )
+        """The operator's own kubeconfig (identity vllm-autotuner, bound to cluster-admin)."""
+        path.write_text((self.control_plane.workdir / "operator.kubeconfig").read_text())
         return path
 
 
 @contextmanager
-def api_server(crds: Path, timeout_s: float = 30.0) -> Iterator[ApiServer]:
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    process = ctx.Process(target=_serve, args=(child, str(crds)), name="api-emulator")
-    process.start()
-    try:
-        if not parent.poll(timeout_s):
-            raise TimeoutError("the API emulator process did not start")
-        yield ApiServer(parent, parent.recv())
-    finally:
-        try:
-            parent.send("stop")
-            parent.poll(10)
-        except (BrokenPipeError, OSError):
-            pass
-        process.join(10)
-        if process.is_alive():
-            process.kill()
-            process.join(5)
+def api_server(crds: Path, workdir: Path) -> Iterator[ApiServer]:
+    del crds  # the control plane installs the CRDs rendered from the API models
+    control_plane = ControlPlane(workdir, controllers=CONTROLLERS, scheduler=False, audit=True)
+    with control_plane:
+        yield ApiServer(control_plane)

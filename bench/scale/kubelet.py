@@ -33,12 +33,16 @@ class FleetKubelet:
         url: str,
         on_pod: Callable[[str, str], None],
         interval_s: float = 2.0,
+        session: requests.Session | None = None,
     ) -> None:
         self.url = url
         self.on_pod = on_pod  # (pod name, namespace): tells the Prometheus stub what to answer
         self.interval_s = interval_s
-        self.session = requests.Session()
-        self.session.headers["User-Agent"] = USER_AGENT
+        # An authenticated session for the real API server; its user agent must start with
+        # USER_AGENT so the benchmark never counts these writes as the operator's.
+        self.session = session or requests.Session()
+        if session is None:
+            self.session.headers["User-Agent"] = USER_AGENT
         self.revisions: dict[tuple[str, str], str] = {}  # (ns, deployment) -> template hash
         self.errors = 0
         self._stop = threading.Event()

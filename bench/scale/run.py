@@ -1,9 +1,9 @@
 """One scale run: N VLLMDeployments in M namespaces, the real operator process, measured.
 
 The operator runs as `vllm-autotuner run` in its own process (so its memory is its own, read
-from /proc/PID/status), against the in-process API emulator and the Prometheus stub. Reconcile
+from /proc/PID/status), against the real kube-apiserver and the Prometheus stub. Reconcile
 durations come from the operator's own histogram on its metrics port; API writes from the
-emulator's request log; queries per cycle from the stub's log.
+API server's audit log; queries per cycle from the stub's log.
 """
 
 from __future__ import annotations
@@ -201,14 +201,14 @@ def run_once(
     out.mkdir(parents=True, exist_ok=True)
     namespaces = max(1, min(namespaces, n))
     notes: list[str] = []
-    with api_server(REPO / "crds") as emulator:
-        return _run(n, namespaces, emulator, interval_s, idle_cycles, out, timeout_s, notes, log)
+    with api_server(REPO / "crds", out / f"controlplane-{n}") as apiserver:
+        return _run(n, namespaces, apiserver, interval_s, idle_cycles, out, timeout_s, notes, log)
 
 
 def _run(
     n: int,
     namespaces: int,
-    emulator: Any,
+    apiserver: Any,
     interval_s: float,
     idle_cycles: int,
     out: Path,
@@ -217,18 +217,21 @@ def _run(
     log: Any,
 ) -> RunResult:
     prom = StubPrometheus().start()
-    kubeconfig = emulator.write_kubeconfig(out / f"kubeconfig-{n}.yaml")
-    session = requests.Session()
-    session.headers["User-Agent"] = DRIVER_AGENT
+    kubeconfig = apiserver.write_kubeconfig(out / f"kubeconfig-{n}.yaml")
+    session = apiserver.session(DRIVER_AGENT)
     metrics_port = free_port()
     operator: subprocess.Popen[bytes] | None = None
     log_file = (out / f"operator-{n}.log").open("wb")
     try:
-        session.post(emulator.url + GROUP_PATH + "/vllmtuningpolicies", json=POLICY, timeout=30)
+        for i in range(namespaces):
+            namespace = deployment(i, namespaces)["metadata"]["namespace"]
+            body = {"metadata": {"name": namespace}}
+            session.post(apiserver.url + "/api/v1/namespaces", json=body, timeout=30)
+        session.post(apiserver.url + GROUP_PATH + "/vllmtuningpolicies", json=POLICY, timeout=30)
         for i in range(n):
             obj = deployment(i, namespaces)
             path = f"{GROUP_PATH}/namespaces/{obj['metadata']['namespace']}/vllmdeployments"
-            r = session.post(emulator.url + path, json=obj, timeout=30)
+            r = session.post(apiserver.url + path, json=obj, timeout=30)
             r.raise_for_status()
         started = time.monotonic()
         operator = subprocess.Popen(
@@ -254,12 +257,17 @@ def _run(
             cwd=REPO,
         )
         converged = 0
-        with FleetKubelet(emulator.url, prom.pod_namespace.__setitem__, interval_s=5.0):
+        with FleetKubelet(
+            apiserver.url,
+            prom.pod_namespace.__setitem__,
+            interval_s=5.0,
+            session=apiserver.session(KUBELET_AGENT),
+        ):
             deadline = started + timeout_s
             while time.monotonic() < deadline:
                 if operator.poll() is not None:
                     raise RuntimeError(f"the operator exited with {operator.returncode}")
-                converged = _converged(session, emulator.url)
+                converged = _converged(session, apiserver.url)
                 if converged >= n:
                     break
                 time.sleep(3 if n <= 100 else 10)
@@ -270,11 +278,11 @@ def _run(
             # Let the convergence writes drain (last status patches, events) for one interval.
             time.sleep(interval_s)
             before, before_sum = scrape_histogram(metrics_port)
-            emulator.clear_requests()
+            apiserver.clear_requests()
             prom.clear()
             time.sleep(idle_cycles * interval_s + 1)
             after, after_sum = scrape_histogram(metrics_port)
-            records = emulator.writes()
+            records = apiserver.writes()
             hits = prom.query_hits()
         writes = [
             r for r in records if r.user_agent.split("/")[0] not in (KUBELET_AGENT, DRIVER_AGENT)

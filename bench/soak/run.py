@@ -5,9 +5,11 @@ Time: the simulator runs `time_scale` virtual seconds per wall second and the op
 durations are divided by the same factor, so "2 virtual hours at 20x" is a 6-minute run in
 which every deployment can roll out, verify and commit or roll back several times.
 
-Faults (with `faults=True`), spread over the run: a simulator pod killed (the kubelet restarts
-it), Prometheus stopped and started again on the same port, and bursts of 409 Conflict and 503
-from the API server on the operator's writes.
+Faults (with `faults=True`), spread over the run: a simulator pod killed (the node agent
+restarts it, as a kubelet would), Prometheus stopped and started again on the same port, and
+bursts of 409 Conflict and 503 on the operator's writes. The cluster is the real control plane;
+the operator reaches it through a fault proxy (vllm_localcluster.faults) that injects the
+errors and records every request.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import requests
+import yaml
 
 from vllm_localcluster.cluster import LocalCluster
-from vllm_localcluster.emulator import RequestRecord
+from vllm_localcluster.controlplane import pki
+from vllm_localcluster.faults import FaultProxy, RequestRecord
 from vllm_localcluster.prometheus import PrometheusServer
 from vllm_localcluster.service_proxy import ServiceProxy
 
@@ -41,8 +44,8 @@ OPERATOR_AGENTS = ("vllm-autotuner/", "kopf/")
 
 
 def operator_write(r: RequestRecord) -> bool:
-    """A write only the operator makes (the pod runner shares its client's user agent, but
-    writes pods, ReplicaSets and Deployment status, never these)."""
+    """A write only the operator makes (everyone else reaches the API server directly, not
+    through the proxy, but the check by kind keeps the count honest either way)."""
     if r.verb in ("get", "list", "watch") or not (r.user_agent or "").startswith(OPERATOR_AGENTS):
         return False
     if r.resource in ("vllmdeployments", "vllmtuningpolicies", "events"):
@@ -139,6 +142,7 @@ class Soak:
         self.config = config
         self.log = log
         self.cluster: LocalCluster | None = None
+        self.faults: FaultProxy | None = None
         self.operator: subprocess.Popen[bytes] | None = None
         self.proxies: list[ServiceProxy] = []
         self.load_results: list[Any] = []
@@ -151,15 +155,38 @@ class Soak:
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         assert self.cluster is not None
-        r = requests.request(method, self.cluster.url + path, json=body, timeout=30)
-        r.raise_for_status()
-        return r.json()
+        status, answer = self.cluster.request(method, path, body, timeout=30)
+        if status >= 400:
+            raise RuntimeError(f"{method} {path}: {status} {answer}")
+        return answer
+
+    def deployment(self, name: str) -> dict[str, Any] | None:
+        assert self.cluster is not None
+        path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{name}"
+        status, answer = self.cluster.request("GET", path)
+        return dict(answer) if status == 200 else None
+
+    def start_faults(self, workdir: Path) -> Path:
+        """The fault proxy in front of the API server, and a kubeconfig for the operator that
+        points at it (plain HTTP; the proxy adds the operator's token)."""
+        assert self.cluster is not None and self.cluster.control_plane is not None
+        token = self.cluster.control_plane.token_for(pki.OPERATOR[0])
+        self.faults = FaultProxy(self.cluster.url, str(self.cluster.ca_file), token=token)
+        self.faults.start_in_thread()
+        kubeconfig = workdir / "operator-via-faults.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "faults",
+            "clusters": [{"name": "faults", "cluster": {"server": self.faults.url}}],
+            "users": [{"name": "operator", "user": {}}],
+            "contexts": [{"name": "faults", "context": {"cluster": "faults", "user": "operator"}}],
+        }))  # fmt: skip
+        return kubeconfig
 
     def start_operator(self, workdir: Path) -> None:
         assert self.cluster is not None
         cmd = [
             sys.executable, "-m", "vllm_autotuner.cli", "run",
-            "--kubeconfig", str(self.cluster.kubeconfig),
+            "--kubeconfig", str(workdir / "operator-via-faults.kubeconfig"),
             "--prometheus-url", self.cluster.prometheus_url,
             "--prometheus-rate-scale", f"{self.config.time_scale:g}",
             "--prometheus-min-window", "20s",
@@ -191,7 +218,8 @@ class Soak:
         cfg = self.config
         cluster = self.cluster
         assert cluster is not None
-        proxy = ServiceProxy(lambda: cluster.endpoints(NAMESPACE, name)).start_in_thread()
+        proxy = ServiceProxy.for_service(cluster.api_endpoint(), NAMESPACE, name)
+        proxy.start_in_thread()
         self.proxies.append(proxy)
         spec = WorkloadSpec.preset("rag", cfg.rate, cfg.wall_s * cfg.time_scale, seed=index)
 
@@ -216,10 +244,10 @@ class Soak:
     # ------------------------------------------------------------------ faults
 
     def kill_a_pod(self) -> str:
-        assert self.cluster is not None and self.cluster.runner is not None
+        assert self.cluster is not None and self.cluster.agent is not None
         alive = [
             pid
-            for pid in sorted(self.cluster.runner.pids())
+            for pid in sorted(self.cluster.agent.pids())
             if Path(f"/proc/{pid}").exists()
             and b"vllm" in Path(f"/proc/{pid}/cmdline").read_bytes()
         ]
@@ -241,8 +269,8 @@ class Soak:
         return f"Prometheus down for {down_s:.0f}s, restarted on port {port}"
 
     def api_errors(self, status: int, times: int) -> str:
-        assert self.cluster is not None and self.cluster.emulator is not None
-        self.cluster.emulator.emulator.inject(operator_write, status=status, times=times)
+        assert self.faults is not None
+        self.faults.inject(operator_write, status=status, times=times)
         self.report.injected_errors += times
         return f"{times} operator writes answered {status}"
 
@@ -271,7 +299,9 @@ class Soak:
             self.cluster = LocalCluster(
                 workdir=workdir, time_scale=cfg.time_scale, speed=cfg.time_scale
             ).start()
+            self.start_faults(workdir)
             self.start_operator(workdir)
+            self.api("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
             self.api("POST", f"{GROUP_PATH}/vllmtuningpolicies", cfg.policy())
             names = []
             for i in range(cfg.deployments):
@@ -308,6 +338,8 @@ class Soak:
             self.stop_operator()
             for proxy in self.proxies:
                 proxy.stop()
+            if self.faults is not None:
+                self.faults.stop()
             if self.cluster is not None:
                 self.cluster.stop()
             self.report.wall_s = round(time.monotonic() - started, 1)
@@ -330,10 +362,9 @@ class Soak:
         return list(self.api("GET", path).get("items", []))
 
     def settle(self, names: list[str], limit_s: float) -> None:
-        """Wait until no deployment is in a trial and every Deployment runs what its status
-        says is applied, available (or the limit passes: the checks then say what is wrong)."""
-        assert self.cluster is not None and self.cluster.emulator is not None
-        emulator = self.cluster.emulator.emulator
+        """Wait until no deployment is in a trial, every Deployment is available, and the
+        operator has metrics of the revision it runs (a rollback just before the end needs a
+        window of the new pod first), or the limit passes: the checks then say what is wrong."""
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             settled = True
@@ -341,8 +372,12 @@ class Soak:
                 tuning = (item.get("status") or {}).get("tuning") or {}
                 if tuning.get("phase") in ("RollingOut", "Verifying", "Promoting"):
                     settled = False
+                conditions = (item.get("status") or {}).get("conditions") or []
+                metrics = [c for c in conditions if c.get("type") == "MetricsAvailable"]
+                if not metrics or metrics[0].get("status") != "True":
+                    settled = False
                 name = item["metadata"]["name"]
-                dep = emulator.get_object("apps/v1/deployments", NAMESPACE, name) or {}
+                dep = self.deployment(name) or {}
                 if not (dep.get("status") or {}).get("availableReplicas"):
                     settled = False
             if settled:
@@ -354,7 +389,7 @@ class Soak:
     def check(self, names: list[str]) -> None:
         cfg = self.config
         report = self.report
-        assert self.cluster is not None and self.cluster.emulator is not None
+        assert self.faults is not None
         limit = _seconds(cfg.virtual(1200)) + _seconds(cfg.virtual(900))
         now = datetime.now(tz=UTC)
         items = {i["metadata"]["name"]: i for i in self.items()}
@@ -381,7 +416,7 @@ class Soak:
                             f"{name}: trial {trial.get('id')} pending for {age:.0f}s "
                             f"(> readyTimeout + verifyWindow = {limit:.0f}s)"
                         )
-            dep = self.cluster.emulator.emulator.get_object("apps/v1/deployments", NAMESPACE, name)
+            dep = self.deployment(name)
             if dep is None:
                 report.problems.append(f"{name}: its Deployment is gone")
             else:
@@ -412,7 +447,7 @@ class Soak:
         report.rollbacks = reasons.get("TuningRolledBack", 0)
         writes = Counter(
             f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''} {r.status_code}"
-            for r in self.cluster.emulator.emulator.requests
+            for r in self.faults.requests
             if operator_write(r)
         )
         report.operator_writes = dict(writes)

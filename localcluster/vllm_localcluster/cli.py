@@ -58,6 +58,51 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(config)
 
 
+def _add_cluster(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from vllm_localcluster.cluster import add_arguments
+
+    p = sub.add_parser(
+        "cluster",
+        help="run the cluster until Ctrl-C: control plane, node agent, Prometheus",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(p)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from vllm_localcluster.cluster import run
+
+    return run(args)
+
+
+def _add_controlplane(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "controlplane",
+        help="build the control plane's binaries (once), or print where they are",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "action",
+        choices=("build", "ensure", "path"),
+        help="build: always; ensure: build when missing; path: print the binaries' directory",
+    )
+
+
+def cmd_controlplane(args: argparse.Namespace) -> int:
+    from vllm_localcluster.controlplane import binaries
+
+    try:
+        if args.action == "build":
+            binaries.build()
+        found = binaries.ensure() if args.action == "ensure" else binaries.find()
+    except (binaries.BuildError, binaries.MissingBinaries) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.action == "path":
+        print(found.apiserver.parent)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-localcluster",
@@ -67,13 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
+    _add_cluster(sub)
+    _add_controlplane(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-    handlers = {"demo": cmd_demo}
+    handlers = {"demo": cmd_demo, "cluster": cmd_cluster, "controlplane": cmd_controlplane}
     return handlers[args.command](args)
 
 

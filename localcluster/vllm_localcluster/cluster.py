@@ -1,16 +1,18 @@
-"""A whole cluster on one machine: API emulator, pod runner and the real Prometheus, together.
+"""A whole cluster on one machine: a real control plane, the node agent and the real Prometheus.
 
-The demo and the closed-loop e2e suite need the same three parts wired the same way: the
-runner's pods feed Prometheus' file service discovery with the labels Kubernetes service
-discovery gives (namespace, pod, container, job), the CRDs are registered before anyone applies
-a VLLMDeployment, and everything (simulator processes included) is gone when the cluster stops,
-whether the caller returned, raised or was interrupted with Ctrl-C.
+The demo and the closed-loop e2e suite need the same parts wired the same way: etcd,
+kube-apiserver, kube-controller-manager and kube-scheduler of the pinned release
+(controlplane/), with the CRDs installed; the node agent running the pods bound to its nodes
+as vllm-sim processes; the pods feeding Prometheus' file service discovery with the labels
+Kubernetes service discovery gives (namespace, pod, container, job); and everything (simulator
+processes included) gone when the cluster stops, whether the caller returned, raised or was
+interrupted with Ctrl-C.
 
     with LocalCluster(workdir="run", time_scale=10) as cluster:
-        cluster.kubeconfig      # point the operator (or kubectl --validate=false) at it
+        cluster.kubeconfig      # point the operator, kubectl or any client at it
         cluster.prometheus_url  # point the operator's Prometheus adapter at it
 
-Standalone, until Ctrl-C or SIGTERM: `python -m vllm_localcluster.cluster --workdir run`.
+Standalone, until Ctrl-C or SIGTERM: `vllm-localcluster cluster --workdir run`.
 """
 
 from __future__ import annotations
@@ -28,25 +30,21 @@ from types import FrameType, TracebackType
 from typing import Any, Self
 
 from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials
-from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.controlplane import ControlPlane, pki
+from vllm_localcluster.kubeapi import Endpoint
+from vllm_localcluster.node import SIM_COMMAND, KubeletConfig, NodeAgent
 from vllm_localcluster.prometheus import PrometheusServer
-from vllm_localcluster.runner import SIM_COMMAND, PodRunner, RunnerConfig
-
-
-def project_crds() -> list[dict[str, Any]]:
-    """The CRDs rendered from the API models (the same content as crds/*.yaml)."""
-    from vllm_autotuner.api.crds import render_crds
-
-    return render_crds()
+from vllm_localcluster.service_proxy import routable
 
 
 class LocalCluster:
     """Start with `start()` or `with`; `stop()` is idempotent and also runs at interpreter exit.
 
     `time_scale` is the simulator's virtual seconds per wall second (VLLM_SIM_TIME_SCALE of every
-    pod); `speed` divides the kubelet's crash back-off and Deployments' progress deadlines, so a
-    demo at 10x does not wait minutes for a CrashLoopBackOff. `sim_env` adds VLLM_SIM_* settings
-    (e.g. the GPU or the OOM hazard) to every pod; a pod's own env wins.
+    pod); `speed` divides the kubelet's crash back-off, so a demo at 10x does not wait minutes
+    for a CrashLoopBackOff. `sim_env` adds VLLM_SIM_* settings (e.g. the GPU or the OOM hazard)
+    to every pod; a pod's own env wins. `run_any_command` lets pods run commands other than
+    `vllm serve` (tests with plain processes); `max_grace_s` caps grace periods.
     """
 
     def __init__(
@@ -61,6 +59,8 @@ class LocalCluster:
         launcher: tuple[str, ...] = SIM_COMMAND,
         poll_interval_s: float = 0.3,
         handle_sigterm: bool = False,
+        run_any_command: bool = False,
+        max_grace_s: float | None = None,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = (
@@ -74,9 +74,11 @@ class LocalCluster:
         self.launcher = launcher
         self.poll_interval_s = poll_interval_s
         self.handle_sigterm = handle_sigterm
-        self.emulator: EmulatorServer | None = None
+        self.run_any_command = run_any_command
+        self.max_grace_s = max_grace_s
+        self.control_plane: ControlPlane | None = None
         self.prometheus: PrometheusServer | None = None
-        self.runner: PodRunner | None = None
+        self.agent: NodeAgent | None = None
         self._previous_sigterm: Any = None
         self._stopped = threading.Event()
 
@@ -84,14 +86,21 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        """The API server's URL."""
-        if self.emulator is None:
-            raise RuntimeError("the cluster is not running")
-        return self.emulator.url
+        """The API server's URL (https; trust `ca_file`, send `token`)."""
+        return self._control_plane().url
 
     @property
     def kubeconfig(self) -> Path:
-        return self.workdir / "kubeconfig"
+        """The admin kubeconfig (kubectl, the operator, the `kubernetes` package)."""
+        return self._control_plane().kubeconfig
+
+    @property
+    def ca_file(self) -> Path:
+        return self._control_plane().ca_file
+
+    @property
+    def token(self) -> str:
+        return self._control_plane().token
 
     @property
     def prometheus_url(self) -> str:
@@ -99,23 +108,52 @@ class LocalCluster:
             raise RuntimeError("this cluster runs without Prometheus")
         return self.prometheus.url
 
+    def _control_plane(self) -> ControlPlane:
+        if self.control_plane is None:
+            raise RuntimeError("the cluster is not running")
+        return self.control_plane
+
     def credentials(self) -> KubeCredentials:
-        return KubeCredentials.for_server(self.url)
+        return KubeCredentials.for_server(self.url, token=self.token, ca_file=str(self.ca_file))
+
+    def api_endpoint(self) -> Endpoint:
+        return Endpoint(self.url, self.token, str(self.ca_file))
 
     def kube_client(self) -> KubeClient:
         """An async client for the caller's own event loop (close it there)."""
         return KubeClient(self.credentials())
 
-    def endpoints(self, namespace: str, deployment: str) -> list[tuple[str, str]]:
-        """(pod, base URL) of a Deployment's ready pods: where to send load."""
-        return self.runner.endpoints(namespace, deployment) if self.runner is not None else []
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        timeout: float = 10.0,
+    ) -> tuple[int, Any]:
+        """One call as the admin: (status, parsed JSON or text)."""
+        return self._control_plane().request(
+            method, path, body, content_type=content_type, timeout=timeout
+        )
+
+    def endpoints(self, namespace: str, service: str) -> list[tuple[str, str]]:
+        """(pod, base URL) of a Service's routable endpoints, from its EndpointSlices: where to
+        send load (the operator names the Service after the VLLMDeployment)."""
+        path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+        status, body = self.request(
+            "GET", f"{path}?labelSelector=kubernetes.io/service-name%3D{service}"
+        )
+        return routable(body.get("items", [])) if status == 200 else []
 
     def pids(self) -> set[int]:
-        """Every process this cluster started: simulator pods and Prometheus."""
-        pids = self.runner.pids() if self.runner is not None else set()
+        """Every process this cluster started: pods, Prometheus and the control plane."""
+        pids = self.agent.pids() if self.agent is not None else set()
         process = self.prometheus.process if self.prometheus is not None else None
         if process is not None:
             pids.add(process.pid)
+        if self.control_plane is not None:
+            pids |= self.control_plane.pids()
         return pids
 
     # ------------------------------------------------------------------ lifecycle
@@ -127,39 +165,40 @@ class LocalCluster:
         if self.handle_sigterm and threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            self.emulator = EmulatorServer("127.0.0.1", 0).start_in_thread()
-            for crd in project_crds():
-                self.emulator.emulator.register_crd(crd)
-            self.emulator.write_kubeconfig(self.kubeconfig)
+            self.control_plane = ControlPlane(self.workdir / "controlplane").start()
             on_targets = None
             if self.with_prometheus:
                 self.prometheus = PrometheusServer(
                     self.workdir / "prometheus", scrape_interval=self.scrape_interval
                 ).start()
                 on_targets = self.prometheus.set_targets
-            config = RunnerConfig(
+            config = KubeletConfig(
                 workdir=self.workdir,
                 launcher=self.launcher,
                 env={"VLLM_SIM_TIME_SCALE": f"{self.time_scale:g}", **self.sim_env},
                 backoff_scale=self.speed,
-                deadline_scale=self.speed,
-                poll_interval_s=self.poll_interval_s,
+                run_any_command=self.run_any_command,
+                max_grace_s=self.max_grace_s,
                 on_targets=on_targets,
             )
-            self.runner = PodRunner.for_url(self.emulator.url, config).start_in_thread()
+            cp = self.control_plane
+            agent_api = Endpoint(cp.url, cp.token_for(pki.NODE_AGENT[0]), str(cp.ca_file))
+            self.agent = NodeAgent(
+                agent_api, config, poll_interval_s=self.poll_interval_s
+            ).start_in_thread()
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        """Pods first (their processes), then Prometheus, then the API; each step runs even if
-        an earlier one failed, so nothing is left behind."""
+        """Pods first (their processes), then Prometheus, then the control plane; each step runs
+        even if an earlier one failed, so nothing is left behind."""
         if self._stopped.is_set():
             return
         self._stopped.set()
         errors: list[BaseException] = []
-        for step in (self._stop_runner, self._stop_prometheus, self._stop_emulator):
+        for step in (self._stop_agent, self._stop_prometheus, self._stop_control_plane):
             try:
                 step()
             except Exception as exc:
@@ -174,17 +213,17 @@ class LocalCluster:
         if errors:
             raise errors[0]
 
-    def _stop_runner(self) -> None:
-        if self.runner is not None:
-            self.runner.stop()
+    def _stop_agent(self) -> None:
+        if self.agent is not None:
+            self.agent.stop()
 
     def _stop_prometheus(self) -> None:
         if self.prometheus is not None:
             self.prometheus.stop()
 
-    def _stop_emulator(self) -> None:
-        if self.emulator is not None:
-            self.emulator.stop()
+    def _stop_control_plane(self) -> None:
+        if self.control_plane is not None:
+            self.control_plane.stop()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -203,16 +242,14 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m vllm_localcluster.cluster",
-        description="API emulator + pod runner + Prometheus on this machine, until Ctrl-C.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", default="local-cluster", help="kubeconfig, logs, TSDB")
     parser.add_argument("--time-scale", type=float, default=1.0, help="VLLM_SIM_TIME_SCALE")
-    parser.add_argument("--speed", type=float, default=1.0, help="divides back-off, deadlines")
-    parser.add_argument("--no-prometheus", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--speed", type=float, default=1.0, help="divides the crash back-off")
+    parser.add_argument("--no-prometheus", action="store_true", help="run without Prometheus")
+
+
+def run(args: argparse.Namespace) -> int:
     cluster = LocalCluster(
         args.workdir,
         time_scale=args.time_scale,
@@ -221,12 +258,23 @@ def main(argv: list[str] | None = None) -> int:
         handle_sigterm=True,
     )
     with contextlib.suppress(KeyboardInterrupt), cluster:
-        print(f"API server  {cluster.url}  (KUBECONFIG={cluster.kubeconfig.resolve()})")
+        print(f"API server  {cluster.url}")
+        print(f"kubeconfig  export KUBECONFIG={cluster.kubeconfig.resolve()}")
         if cluster.prometheus is not None:
             print(f"Prometheus  {cluster.prometheus_url}")
         print(f"pod logs    {(cluster.workdir / 'pods').resolve()}/NAMESPACE/POD.log", flush=True)
         threading.Event().wait()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_localcluster.cluster",
+        description="A Kubernetes control plane, the node agent and Prometheus, until Ctrl-C.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """`vllm-localcluster demo`: the whole closed loop on one machine, no cluster and no GPU.
 
-It starts the one-machine cluster (API emulator, pod runner with vllm-sim pods, the real
-Prometheus), a Service in front of the pods, the real operator (the same `run` entry point,
-as a separate process pointed at the emulator), applies a policy and a VLLMDeployment, and
+It starts the one-machine cluster (a real Kubernetes control plane, the node agent running
+pods as vllm-sim processes, the real Prometheus), a proxy in front of the Service's ready
+endpoints, the real operator (the same `run` entry point, as a separate process pointed at the
+cluster's kubeconfig), applies a policy and a VLLMDeployment, and
 drives long-prompt traffic that vLLM's default token budget serves badly under a tight
 inter-token-latency SLO. It prints what happens as it happens and writes a report (PNG plots
 and a markdown summary). Ctrl-C stops every process it started.
@@ -23,8 +24,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
-
-import requests
 
 from vllm_localcluster.cluster import LocalCluster
 from vllm_localcluster.narration import Narrator, console_line, knob_label
@@ -145,18 +144,18 @@ class Demo:
         workdir = cfg.out / "run"
         workdir.mkdir(parents=True, exist_ok=True)
         self.say(
-            f"starting the one-machine cluster (API emulator, pod runner, Prometheus) "
-            f"at {cfg.time_scale:g}x speed in {workdir}"
+            f"starting the one-machine cluster (kube-apiserver, etcd, controller manager, "
+            f"scheduler, node agent, Prometheus) at {cfg.time_scale:g}x speed in {workdir}"
         )
         try:
             self.cluster = LocalCluster(workdir=workdir, time_scale=cfg.time_scale,
                                         speed=cfg.time_scale)  # fmt: skip
             self.cluster.start()
-            self.say(
-                f"cluster up: KUBECONFIG={self.cluster.kubeconfig.resolve()} "
-                f"(kubectl get vllmd beside the demo); Prometheus {self.cluster.prometheus_url}"
-            )
-            self.proxy = ServiceProxy(lambda: self._endpoints()).start_in_thread()
+            self.say(f"kubectl:    export KUBECONFIG={self.cluster.kubeconfig.resolve()}")
+            self.say(f"Prometheus: {self.cluster.prometheus_url}")
+            self.proxy = ServiceProxy.for_service(
+                self.cluster.api_endpoint(), NAMESPACE, NAME
+            ).start_in_thread()
             self._start_operator(workdir)
             self._apply()
             self._wait_for_pods()
@@ -231,11 +230,12 @@ class Demo:
 
     def _api(self, method: str, path: str, body: Any = None) -> Any:
         assert self.cluster is not None
-        r = requests.request(method, self.cluster.url + path, json=body, timeout=10)
-        if r.status_code == 404:
+        status, answer = self.cluster.request(method, path, body)
+        if status == 404:
             return None
-        r.raise_for_status()
-        return r.json()
+        if status >= 400:
+            raise RuntimeError(f"{method} {path}: {status} {answer}")
+        return answer
 
     def _apply(self) -> None:
         self._api("POST", POLICY_PATH, DEMO_POLICY)

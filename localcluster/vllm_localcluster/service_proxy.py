@@ -1,22 +1,79 @@
-"""A Service for the one-machine cluster: one stable URL in front of a Deployment's ready pods.
+"""A Service for the one-machine cluster: one stable URL in front of a Service's ready pods.
 
-In a cluster, kube-proxy sends each connection to one of the Service's ready endpoints, so
-clients keep working while a rollout replaces pods. The demo's load generator needs the same:
-this proxy forwards each HTTP request (streaming responses included) to a ready pod, round
-robin, and answers 503 while there is none, as a Service without endpoints would refuse.
+In a cluster, kube-proxy sends each connection to one of the Service's ready endpoints, read
+from the EndpointSlices the EndpointSlice controller maintains, so clients keep working while a
+rollout replaces pods. The demo's load generator needs the same: this proxy reads the real
+EndpointSlices of one Service (every 0.2 s), and forwards each HTTP request (streaming
+responses included) to a ready endpoint, round robin. As kube-proxy does: a terminating pod's
+endpoint is not ready from the moment of its deletion, so it gets no new requests; when no
+endpoint is ready, the terminating ones that still serve are used (ProxyTerminatingEndpoints,
+GA in 1.28); with none at all it answers 503, as a Service without endpoints refuses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from vllm_localcluster.kubeapi import AsyncApi, Endpoint
+from vllm_localcluster.node.container import loopback_of
+
 Endpoints = Callable[[], list[tuple[str, str]]]  # (pod, base URL) of ready pods
+REFRESH_S = 0.2
+
+
+def routable(slices: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(pod, base URL) of the endpoints kube-proxy would send new connections to."""
+    ready: list[tuple[str, str]] = []
+    serving_terminating: list[tuple[str, str]] = []
+    for item in slices:
+        ports = item.get("ports") or []
+        if not ports or ports[0].get("port") is None:
+            continue
+        port = int(ports[0]["port"])
+        for endpoint in item.get("endpoints") or []:
+            conditions = endpoint.get("conditions") or {}
+            pod = str((endpoint.get("targetRef") or {}).get("name", ""))
+            for address in endpoint.get("addresses") or []:
+                url = f"http://{loopback_of(address)}:{port}"
+                if conditions.get("ready") is not False:  # unset means ready (API docs)
+                    ready.append((pod, url))
+                elif conditions.get("serving") and conditions.get("terminating"):
+                    serving_terminating.append((pod, url))
+    return sorted(ready or serving_terminating)
+
+
+class EndpointSliceReader:
+    """The routable endpoints of one Service, refreshed from the API in the proxy's loop."""
+
+    def __init__(self, api: Endpoint, namespace: str, service: str) -> None:
+        self.api = api
+        self.path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+        self.selector = f"kubernetes.io/service-name={service}"
+        self.current: list[tuple[str, str]] = []
+
+    def __call__(self) -> list[tuple[str, str]]:
+        return list(self.current)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        client = AsyncApi(self.api, timeout_s=5.0)
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(Exception):  # the API may be away for a moment
+                    slices = await client.list(self.path, labelSelector=self.selector)
+                    self.current = routable(slices)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), REFRESH_S)
+        finally:
+            await client.close()
+
 
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
@@ -24,8 +81,11 @@ _HOP_BY_HOP = frozenset(
 
 
 class ServiceProxy:
+    """Forwards to `endpoints()`; `for_service` reads them from a Service's EndpointSlices."""
+
     def __init__(self, endpoints: Endpoints, host: str = "127.0.0.1", port: int = 0) -> None:
         self.endpoints = endpoints
+        self._reader = endpoints if isinstance(endpoints, EndpointSliceReader) else None
         self.host = host
         self.port = port
         self._counter = itertools.count()
@@ -37,6 +97,12 @@ class ServiceProxy:
         self._stop: asyncio.Event | None = None
         self.requests = 0
         self.refused = 0
+
+    @classmethod
+    def for_service(
+        cls, api: Endpoint, namespace: str, service: str, port: int = 0
+    ) -> ServiceProxy:
+        return cls(EndpointSliceReader(api, namespace, service), port=port)
 
     @property
     def url(self) -> str:
@@ -79,7 +145,7 @@ class ServiceProxy:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        self._runner = web.AppRunner(app, handle_signals=False)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -99,8 +165,13 @@ class ServiceProxy:
                 self._loop = asyncio.get_running_loop()
                 self._stop = asyncio.Event()
                 await self.start()
+                reader = None
+                if self._reader is not None:
+                    reader = asyncio.create_task(self._reader.run(self._stop))
                 self._ready.set()
                 await self._stop.wait()
+                if reader is not None:
+                    await reader
                 await self.aclose()
 
             asyncio.run(body())

@@ -1,4 +1,5 @@
-"""LocalCluster: emulator + pod runner + real Prometheus, and nothing left running afterwards."""
+"""LocalCluster: the real control plane + node agent + real Prometheus, and nothing left
+running afterwards."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +50,28 @@ def running(pid: int) -> bool:
 
 
 def listening(url: str) -> bool:
-    host, port = url.removeprefix("http://").split(":")
+    host, port = url.split("://")[1].split(":")
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, int(port))) == 0
 
 
 def api(cluster: LocalCluster, method: str, path: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(cluster.url + path, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+    status, answer = cluster.request(method, path, body)
+    assert status < 400, (status, answer)
+    return answer
+
+
+def serve(cluster: LocalCluster, namespace: str, name: str) -> None:
+    """A namespace, a Deployment of one vllm-sim pod, and a Service in front of it."""
+    if namespace != "default":
+        api(cluster, "POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    api(cluster, "POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment(name))
+    service = {
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"port": 8000, "targetPort": 8000}]},
+    }
+    api(cluster, "POST", f"/api/v1/namespaces/{namespace}/services", service)
 
 
 def deployment(name: str) -> dict[str, Any]:
@@ -99,8 +109,8 @@ def test_cluster_serves_pods_to_prometheus_and_leaves_nothing_behind(tmp_path: P
         # The CRDs are served before anyone applies a VLLMDeployment.
         listed = api(cluster, "GET", f"/apis/{API_VERSION}/vllmdeployments")
         assert listed["items"] == []
-        assert "server: " in cluster.kubeconfig.read_text()
-        api(cluster, "POST", "/apis/apps/v1/namespaces/team/deployments", deployment("chat"))
+        assert "server: https://127.0.0.1:" in cluster.kubeconfig.read_text()
+        serve(cluster, "team", "chat")
         endpoints = wait_for(lambda: cluster.endpoints("team", "chat"), timeout=30, message="pod")
         pod_name = endpoints[0][0]
         assert cluster.prometheus is not None
@@ -112,7 +122,8 @@ def test_cluster_serves_pods_to_prometheus_and_leaves_nothing_behind(tmp_path: P
         assert result[0]["metric"]["pod"] == pod_name
         assert result[0]["metric"]["container"] == "vllm"
         pids = cluster.pids()
-        assert len(pids) == 2 and all(map(running, pids))
+        # One pod, Prometheus, etcd, kube-apiserver, controller manager, scheduler.
+        assert len(pids) == 6 and all(map(running, pids))
         urls = [cluster.url, cluster.prometheus_url, endpoints[0][1]]
     assert not any(map(running, pids)), "a process survived stop()"
     assert children() <= before
@@ -126,7 +137,7 @@ def test_an_exception_inside_the_cluster_still_stops_everything(tmp_path: Path) 
     cluster = LocalCluster(with_prometheus=False, sim_env={"VLLM_SIM_LOAD_TIME": "0.2"})
     with pytest.raises(KeyboardInterrupt), cluster:  # what Ctrl-C raises
         workdir = cluster.workdir
-        api(cluster, "POST", "/apis/apps/v1/namespaces/default/deployments", deployment("a"))
+        serve(cluster, "default", "a")
         wait_for(lambda: cluster.endpoints("default", "a"), timeout=30, message="pod")
         pids = cluster.pids()
         assert pids and all(map(running, pids))
@@ -137,24 +148,21 @@ def test_an_exception_inside_the_cluster_still_stops_everything(tmp_path: Path) 
 
 
 CHILD = """
-import json, sys, threading, time, urllib.request
+import json, sys, threading, time
 from vllm_localcluster.cluster import LocalCluster
 cluster = LocalCluster(with_prometheus=False, sim_env={"VLLM_SIM_LOAD_TIME": "0.2"}).start()
-request = urllib.request.Request(
-    cluster.url + "/apis/apps/v1/namespaces/default/deployments",
-    data=sys.argv[1].encode(), method="POST", headers={"Content-Type": "application/json"},
-)
-urllib.request.urlopen(request).read()
+cluster.request("POST", "/apis/apps/v1/namespaces/default/deployments", json.loads(sys.argv[1]))
 deadline = time.monotonic() + 30
-while not cluster.endpoints("default", "a") and time.monotonic() < deadline:
+while not cluster.agent.pids() and time.monotonic() < deadline:
     threading.Event().wait(0.05)
-print(json.dumps(sorted(cluster.runner.pids())), flush=True)
+print(json.dumps(sorted(cluster.pids())), flush=True)
 threading.Event().wait(120)
 """
 
 
 def test_a_killed_cluster_process_takes_its_pods_with_it(tmp_path: Path) -> None:
-    """SIGKILL leaves no time for cleanup; the kernel must stop the pods (setpriv pdeathsig)."""
+    """SIGKILL leaves no time for cleanup; the kernel must stop the pods and the control plane
+    (setpriv pdeathsig)."""
     if shutil.which("setpriv") is None:
         pytest.skip("util-linux setpriv is not installed")
     child = subprocess.Popen(

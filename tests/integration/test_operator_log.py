@@ -17,10 +17,8 @@ from typing import Any
 
 import requests
 
-from tests.support.cluster_api import CR, CR_PATH, NS, POLICY, POLICY_PATH, Api
+from tests.support.cluster_api import CR, CR_PATH, NS, POLICY, POLICY_PATH, Api, ApiServer
 from tests.support.cluster_api import api as api
-from tests.support.cluster_api import emulator as emulator
-from vllm_localcluster.emulator import EmulatorServer
 
 
 def _lines(stream: Any, out: queue.Queue[str]) -> None:
@@ -82,13 +80,13 @@ def records(lines: list[str]) -> list[dict[str, Any]]:
 
 
 def test_the_log_has_one_line_per_decision_and_no_kopf_chatter(
-    emulator: EmulatorServer,
+    apiserver: ApiServer,
     api: Api,
     tmp_path: Path,
 ) -> None:
     api.create(POLICY_PATH, POLICY)
     api.create(CR_PATH, CR)
-    kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig", NS)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig", NS)
 
     port = free_port()
 

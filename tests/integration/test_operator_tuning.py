@@ -5,13 +5,21 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tests.support.cluster_api import CR, CR_PATH, DEPLOYMENT_PATH, NS, POLICY_PATH, Api, args_of
+from tests.support.cluster_api import (
+    CR,
+    CR_PATH,
+    DEPLOYMENT_PATH,
+    NS,
+    POLICY_PATH,
+    Api,
+    ApiServer,
+    args_of,
+)
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
 from tests.support.faults import fast_policy
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.tuning_types import Knobs
-from vllm_localcluster.emulator import EmulatorServer
 
 START = Knobs(max_num_batched_tokens=8192, max_num_seqs=256, gpu_memory_utilization=0.92)
 
@@ -39,14 +47,14 @@ def create_cr(api: Api, mode: str) -> None:
 
 
 def test_recommend_publishes_a_recommendation_and_never_touches_the_deployment(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, api: Api
 ) -> None:
     api.create(POLICY_PATH, fast_policy())
     create_cr(api, "Recommend")
     metrics = SyntheticSnapshots()
     with (
-        FakeKubelet(emulator.url, NS),
-        running_operator(emulator.url, interval_s=0.5, snapshot_source=metrics),
+        FakeKubelet(apiserver, NS),
+        running_operator(apiserver.operator_credentials(), interval_s=0.5, snapshot_source=metrics),
     ):
         rec = wait_for(lambda: tuning(api).get("recommendation"), 30, message="recommendation")
         deployment = api.get(f"{DEPLOYMENT_PATH}/llama")
@@ -59,13 +67,13 @@ def test_recommend_publishes_a_recommendation_and_never_touches_the_deployment(
         assert tuning(api).get("trials", []) == []
 
 
-def test_auto_rolls_out_verifies_and_commits(emulator: EmulatorServer, api: Api) -> None:
+def test_auto_rolls_out_verifies_and_commits(apiserver: ApiServer, api: Api) -> None:
     api.create(POLICY_PATH, fast_policy())
     create_cr(api, "Auto")
     metrics = SyntheticSnapshots()
     with (
-        FakeKubelet(emulator.url, NS),
-        running_operator(emulator.url, interval_s=0.5, snapshot_source=metrics),
+        FakeKubelet(apiserver, NS),
+        running_operator(apiserver.operator_credentials(), interval_s=0.5, snapshot_source=metrics),
     ):
         changed = wait_for(
             lambda: (k := knobs_of(api.get(f"{DEPLOYMENT_PATH}/llama"))) != START and k,
@@ -83,16 +91,14 @@ def test_auto_rolls_out_verifies_and_commits(emulator: EmulatorServer, api: Api)
         assert Knobs.from_dict(state["lastGood"]) != START
 
 
-def test_crashing_candidate_is_rolled_back_and_remembered(
-    emulator: EmulatorServer, api: Api
-) -> None:
+def test_crashing_candidate_is_rolled_back_and_remembered(apiserver: ApiServer, api: Api) -> None:
     api.create(POLICY_PATH, fast_policy())
     create_cr(api, "Auto")
     metrics = SyntheticSnapshots()
     bad = lambda k: k is not None and k != START  # noqa: E731 - every candidate crashes
     with (
-        FakeKubelet(emulator.url, NS, is_bad=bad),
-        running_operator(emulator.url, interval_s=0.5, snapshot_source=metrics),
+        FakeKubelet(apiserver, NS, is_bad=bad),
+        running_operator(apiserver.operator_credentials(), interval_s=0.5, snapshot_source=metrics),
     ):
         wait_for(lambda: tuning(api).get("infeasible"), 40, message="an infeasible entry")
         wait_for(
@@ -108,13 +114,15 @@ def test_crashing_candidate_is_rolled_back_and_remembered(
 
 
 def test_restart_during_a_rollout_resumes_without_a_second_rollout(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, api: Api
 ) -> None:
     api.create(POLICY_PATH, fast_policy(verifyWindow="6s"))
     create_cr(api, "Auto")
     metrics = SyntheticSnapshots()
-    with FakeKubelet(emulator.url, NS) as kubelet:
-        with running_operator(emulator.url, interval_s=0.5, snapshot_source=metrics):
+    with FakeKubelet(apiserver, NS) as kubelet:
+        with running_operator(
+            apiserver.operator_credentials(), interval_s=0.5, snapshot_source=metrics
+        ):
             wait_for(
                 lambda: tuning(api).get("phase") in ("RollingOut", "Verifying"),
                 30,
@@ -122,7 +130,9 @@ def test_restart_during_a_rollout_resumes_without_a_second_rollout(
             )
         trial_ids = [t["id"] for t in tuning(api)["trials"]]
         assert trial_ids == [1]
-        with running_operator(emulator.url, interval_s=0.5, snapshot_source=metrics):
+        with running_operator(
+            apiserver.operator_credentials(), interval_s=0.5, snapshot_source=metrics
+        ):
             wait_for(
                 lambda: [t for t in tuning(api)["trials"] if t["outcome"] != "Pending"],
                 40,

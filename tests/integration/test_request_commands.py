@@ -1,5 +1,5 @@
 """`vllm-autotuner pause|resume|promote|abort|retry` write annotations on a VLLMDeployment
-through the API (the emulator), and nothing else."""
+through the API (the real API server), and nothing else."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster_api import CR, CR_PATH, NS, POLICY, POLICY_PATH, Api
+from tests.support.cluster_api import CR, CR_PATH, NS, POLICY, POLICY_PATH, Api, ApiServer
 from tests.support.cluster_api import api as api
-from tests.support.cluster_api import emulator as emulator
 from vllm_autotuner import cli
 from vllm_autotuner.core.commands import PAUSE_ANNOTATION, REQUEST_ANNOTATIONS
-from vllm_localcluster.emulator import EmulatorServer
 
 NAME = CR["metadata"]["name"]
 
@@ -23,14 +21,14 @@ def annotations(api: Api) -> dict[str, str]:
 
 
 def test_commands_write_and_remove_annotations(
-    emulator: EmulatorServer,
+    apiserver: ApiServer,
     api: Api,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     api.create(POLICY_PATH, POLICY)
     created = api.create(CR_PATH, CR)
-    kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig", NS)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig", NS)
     base = ["--kubeconfig", str(kubeconfig)]
 
     assert cli.main(["pause", NAME, *base]) == 0  # the context's namespace
@@ -54,12 +52,12 @@ def test_commands_write_and_remove_annotations(
 
 
 def test_an_unknown_deployment_is_one_clear_line(
-    emulator: EmulatorServer,
+    apiserver: ApiServer,
     api: Api,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig", NS)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig", NS)
     assert cli.main(["promote", "nope", "--kubeconfig", str(kubeconfig)]) == 1
     err = capsys.readouterr().err.strip()
     assert err == f"error: VLLMDeployment {NS}/nope: not found"

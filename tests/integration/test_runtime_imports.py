@@ -1,7 +1,7 @@
 """The operator image carries what `vllm-autotuner run` imports, and nothing the demo or the
 `recommend` CLI alone need.
 
-A real `vllm-autotuner run` reconciles a VLLMDeployment against the API emulator while reading
+A real `vllm-autotuner run` reconciles a VLLMDeployment against the real API server while reading
 the real Prometheus (so the Kubernetes client, the Prometheus adapter, the tuner and the metrics
 server all run), in a process where every installed package that `pip install vllm-autotuner`
 (no extras) would not install is hidden, as in the image: importing one fails as if it were
@@ -22,11 +22,9 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from tests.support.cluster_api import CR, CR_PATH, NS, POLICY, POLICY_PATH, Api
+from tests.support.cluster_api import CR, CR_PATH, NS, POLICY, POLICY_PATH, Api, ApiServer
 from tests.support.cluster_api import api as api
-from tests.support.cluster_api import emulator as emulator
 from tests.support.waiting import wait_for
-from vllm_localcluster.emulator import EmulatorServer
 from vllm_localcluster.prometheus import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,14 +101,14 @@ def test_the_runtime_dependencies_leave_out_the_demo_and_recommend() -> None:
 
 
 def test_run_imports_only_what_the_image_installs(
-    emulator: EmulatorServer,
+    apiserver: ApiServer,
     api: Api,
     prometheus: PrometheusServer,
     tmp_path: Path,
 ) -> None:
     api.create(POLICY_PATH, POLICY)
     api.create(CR_PATH, CR)
-    kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig", NS)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig", NS)
     modules_file = tmp_path / "modules.json"
     command = [
         sys.executable, "-c", RUN, str(modules_file), "-",

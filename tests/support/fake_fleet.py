@@ -19,6 +19,7 @@ from typing import Any
 
 import requests
 
+from tests.support.cluster_api import ApiServer
 from vllm_autotuner.adapters.promql import SnapshotTarget
 from vllm_autotuner.core.render import KNOBS_ANNOTATION
 from vllm_autotuner.core.snapshot import KVCacheInfo, LatencySummary, LengthSummary, Snapshot
@@ -35,17 +36,20 @@ class FakeKubelet:
 
     def __init__(
         self,
-        url: str,
+        server: ApiServer | str,
         namespace: str,
         is_bad: Callable[[Knobs | None], bool] = lambda _: False,
         interval_s: float = 0.2,
     ) -> None:
-        self.url = url
+        self.url = server if isinstance(server, str) else server.url
         self.namespace = namespace
         self.is_bad = is_bad
         self.interval_s = interval_s
-        self.session = requests.Session()
-        self.session.headers["User-Agent"] = "fake-kubelet"
+        if isinstance(server, str):  # the API emulator of the fault-injection tests
+            self.session = requests.Session()
+            self.session.headers["User-Agent"] = "fake-kubelet"
+        else:
+            self.session = server.session("fake-kubelet")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fake-kubelet", daemon=True)
         self.revisions_seen: list[str] = []

@@ -3,8 +3,9 @@
 The reliability tests break one thing at a time (the API server, Prometheus, the pods, the
 operator process, the policy) and check that the operator never makes things worse. What they
 share lives here: a snapshot source whose failures the test switches on and off, an operator
-runner that takes a full `OperatorConfig`, "kill switches" built on the emulator's fault
-injection, and readers for the Deployment's knobs, the tuning status and the Events.
+runner that takes a full `OperatorConfig`, "kill switches" built on the fault proxy in front
+of the real API server (vllm_localcluster.faults), and readers for the Deployment's knobs, the
+tuning status and the Events.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
-from tests.support.cluster_api import CR, CR_PATH, DEPLOYMENT_PATH, NS, Api, args_of, condition
+from tests.support.cluster_api import (
+    CR,
+    CR_PATH,
+    DEPLOYMENT_PATH,
+    NS,
+    Api,
+    ApiServer,
+    args_of,
+    condition,
+)
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
 from tests.support.operator_runner import OperatorThread
 from tests.support.waiting import wait_for
@@ -29,8 +39,7 @@ from vllm_autotuner.core.tuning_inputs import parse_knob_label
 from vllm_autotuner.core.tuning_types import Knobs
 from vllm_autotuner.observer import SnapshotSource
 from vllm_autotuner.operator import OperatorConfig
-from vllm_localcluster.emulator import EmulatorServer
-from vllm_localcluster.emulator.handler import Fault, RequestRecord
+from vllm_localcluster.faults import Fault, FaultProxy, RequestRecord
 
 START = Knobs(max_num_batched_tokens=8192, max_num_seqs=256, gpu_memory_utilization=0.92)
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
@@ -114,16 +123,24 @@ def events(api: Api, reason: str | None = None) -> list[dict[str, Any]]:
     return sorted(mine, key=lambda e: str(e["metadata"].get("resourceVersion", "")).zfill(20))
 
 
-def template_history(server: EmulatorServer) -> list[Knobs]:
+def deployment_versions(proxy: FaultProxy) -> list[dict[str, Any]]:
+    """Every Deployment the operator successfully applied through the proxy, in order: the
+    versions the object had (the operator is its only writer of the template)."""
+    return [
+        r.body
+        for r in proxy.requests_matching(resource="deployments", name="llama", verb="patch")
+        if isinstance(r.body, dict) and r.status_code is not None and r.status_code < 300
+    ]
+
+
+def template_history(proxy: FaultProxy) -> list[Knobs]:
     """Every distinct pod-template knob setting the Deployment had, in order (no repeats).
 
-    A rollout is a change of the pod template's knobs; counting them from the emulator's
-    object history is what tells "one rollout" from "two" after a restart.
+    A rollout is a change of the pod template's knobs; counting them from the applies that
+    reached the API server is what tells "one rollout" from "two" after a restart.
     """
-    history = server.emulator.object_history("apps/v1/deployments", NS, "llama")
-    current = server.emulator.get_object("apps/v1/deployments", NS, "llama")
     seen: list[Knobs] = []
-    for obj in [*history, *([current] if current else [])]:
+    for obj in deployment_versions(proxy):
         k = knobs_of(obj)
         if k is not None and (not seen or not seen[-1].same_as(k)):
             seen.append(k)
@@ -162,14 +179,14 @@ def deployment_apply(record: RequestRecord) -> bool:
 
 
 def freeze_when(
-    server: EmulatorServer,
+    proxy: FaultProxy,
     trigger: Callable[[], bool],
     which: Callable[[RequestRecord], bool] = operator_write,
 ) -> Fault:
     """From the moment `trigger()` holds, every `which` request fails with 503, forever.
 
     This is the observable effect of killing the operator at that instant: nothing it does
-    afterwards reaches the cluster. The trigger is checked by the emulator when the request
+    afterwards reaches the cluster. The trigger is checked by the proxy when the request
     arrives, so the "kill" lands exactly between two writes. Returns the fault (its `hits`
     counts the writes that were lost).
     """
@@ -182,27 +199,36 @@ def freeze_when(
             armed["on"] = bool(trigger())
         return armed["on"]
 
-    return server.emulator.inject(match, status=503, times=None, message="operator killed")
+    return proxy.inject(match, status=503, times=None, message="operator killed")
 
 
-def phase_is(server: EmulatorServer, phase: str) -> Callable[[], bool]:
-    """A trigger reading the stored status (in the emulator's own thread, without HTTP)."""
+def phase_is(api: Api, phase: str) -> Callable[[], bool]:
+    """A trigger reading the stored status straight from the API server (not the proxy)."""
 
     def check() -> bool:
-        obj = server.emulator.get_object("vllm.autotuner.io/v1alpha1/vllmdeployments", NS, "llama")
-        return bool(obj and ((obj.get("status") or {}).get("tuning") or {}).get("phase") == phase)
+        return tuning_of(api).get("phase") == phase
 
     return check
+
+
+def compact(proxy: FaultProxy, api: Api) -> int:
+    """The history before now is gone: watches resuming from an older resourceVersion get
+    410 Gone from here on. Returns the resourceVersion of now."""
+    listed = api.get(f"/api/v1/namespaces/{NS}/configmaps") or {}
+    now = int(listed["metadata"]["resourceVersion"])
+    proxy.expire_watches_before(now)
+    return now
 
 
 # ------------------------------------------------------------------------------ the operator
 
 
 def operator_config(
-    url: str, *, interval_s: float = 0.5, request_timeout_s: float = 5.0, **extra: Any
+    proxy: FaultProxy, *, interval_s: float = 0.5, request_timeout_s: float = 5.0, **extra: Any
 ) -> OperatorConfig:
+    """The operator behind the fault proxy (plain HTTP; the proxy adds its token)."""
     return OperatorConfig(
-        credentials=KubeCredentials.for_server(url, verify=False),
+        credentials=KubeCredentials.for_server(proxy.url),
         reconcile_interval_s=interval_s,
         request_timeout_s=request_timeout_s,
         **extra,
@@ -287,14 +313,14 @@ class FaultyKubelet(FakeKubelet):
 
     def __init__(
         self,
-        url: str,
+        server: ApiServer,
         namespace: str,
         *,
         stuck: Callable[[Knobs | None], bool] = lambda _: False,
         crashing: Callable[[Knobs | None], bool] = lambda _: False,
         **options: Any,
     ) -> None:
-        super().__init__(url, namespace, **options)
+        super().__init__(server, namespace, **options)
         self.stuck = stuck
         self.crashing = crashing
 

@@ -66,16 +66,15 @@ class OperatorThread:
 
 @contextmanager
 def running_operator(
-    server: str,
+    credentials: KubeCredentials | str,
     *,
     interval_s: float = 1.0,
     namespaces: list[str] | None = None,
     snapshot_source: SnapshotSource | None = None,
 ) -> Iterator[OperatorThread]:
-    config = OperatorConfig(
-        credentials=KubeCredentials.for_server(server, verify=False),
-        reconcile_interval_s=interval_s,
-    )
+    if isinstance(credentials, str):  # the API emulator (plain HTTP, no auth)
+        credentials = KubeCredentials.for_server(credentials, verify=False)
+    config = OperatorConfig(credentials=credentials, reconcile_interval_s=interval_s)
     thread = OperatorThread(config, namespaces, snapshot_source).start()
     try:
         yield thread

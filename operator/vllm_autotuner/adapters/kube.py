@@ -95,11 +95,19 @@ class KubeCredentials:
 
     @classmethod
     def for_server(
-        cls, server: str, *, token: str | None = None, verify: bool = True
+        cls,
+        server: str,
+        *,
+        token: str | None = None,
+        verify: bool = True,
+        ca_file: str | None = None,
     ) -> KubeCredentials:
-        """A fixed server and token: the local cluster, tests and benchmarks."""
+        """A fixed server and token: the local cluster, tests and benchmarks (`ca_file`: the
+        CA that signed the server's certificate)."""
         configuration = Configuration(host=server.rstrip("/"))
         configuration.verify_ssl = verify
+        if ca_file is not None:
+            configuration.ssl_ca_cert = ca_file
         if token:
             configuration.api_key["BearerToken"] = f"Bearer {token}"
         return cls(configuration)

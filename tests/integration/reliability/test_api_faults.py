@@ -1,7 +1,8 @@
 """The Kubernetes API misbehaves: conflicts, server errors, timeouts, 410 Gone, hand edits.
 
-Each test injects the fault into the API emulator while the real operator runs, then checks
-that the operator converges to the desired state without writing anything half-done.
+Each test injects the fault through a proxy in front of the real API server while the real
+operator runs, then checks that the operator converges to the desired state without writing
+anything half-done.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from tests.support.cluster_api import (
     POLICY,
     POLICY_PATH,
     Api,
+    ApiServer,
     args_of,
 )
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
 from tests.support.faults import (
     START,
+    compact,
     cr_with_mode,
     deployment_apply,
+    deployment_versions,
     events,
     fast_policy,
     knobs_of,
@@ -39,7 +43,7 @@ from tests.support.faults import (
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.render import KNOBS_ANNOTATION
 from vllm_autotuner.core.tuning_inputs import parse_knob_label
-from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.faults import FaultProxy
 
 
 def _converged(api: Api, generation: int) -> dict[str, Any] | None:
@@ -52,13 +56,13 @@ def _converged(api: Api, generation: int) -> dict[str, Any] | None:
 
 
 def test_conflicts_on_status_and_apply_are_retried_with_fresh_state(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, POLICY)
     api.create(CR_PATH, cr_with_mode("Recommend"))
-    status_conflicts = emulator.emulator.inject(status_patch, status=409, times=3)
-    apply_conflicts = emulator.emulator.inject(deployment_apply, status=409, times=3)
-    with operator(operator_config(emulator.url, interval_s=1.0)):
+    status_conflicts = proxy.inject(status_patch, status=409, times=3)
+    apply_conflicts = proxy.inject(deployment_apply, status=409, times=3)
+    with operator(operator_config(proxy, interval_s=1.0)):
         started = time.monotonic()
         wait_for(lambda: live_knobs(api) == START, 20, message="the Deployment despite 409s")
         status = wait_some(lambda: _converged(api, 1), 20, "status despite 409s")
@@ -70,7 +74,7 @@ def test_conflicts_on_status_and_apply_are_retried_with_fresh_state(
         assert {c["type"] for c in status["conditions"]} >= {"Ready", "PolicyResolved"}
 
         # The retry uses the newest spec, not the one the failed attempt saw.
-        more = emulator.emulator.inject(deployment_apply, status=409, times=2)
+        more = proxy.inject(deployment_apply, status=409, times=2)
         api.merge(f"{CR_PATH}/llama", {"spec": {"replicas": 2}})
         wait_for(
             lambda: (api.get(f"{DEPLOYMENT_PATH}/llama") or {})["spec"]["replicas"] == 2,
@@ -90,17 +94,17 @@ def _template_consistent(obj: dict[str, Any]) -> bool:
 
 
 def test_server_errors_and_timeouts_back_off_and_never_half_apply(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, fast_policy())
     api.create(CR_PATH, cr_with_mode("Auto"))
     metrics = SyntheticSnapshots()
-    config = operator_config(emulator.url, interval_s=0.5, request_timeout_s=1.0)
-    with FakeKubelet(emulator.url, NS), operator(config, metrics):
+    config = operator_config(proxy, interval_s=0.5, request_timeout_s=1.0)
+    with FakeKubelet(apiserver, NS), operator(config, metrics):
         wait_for(lambda: live_knobs(api) == START, 20, message="first Deployment")
         # Every write the operator tries now fails: 500 for applies, 503 for status.
-        e500 = emulator.emulator.inject(deployment_apply, status=500, times=None)
-        e503 = emulator.emulator.inject(status_patch, status=503, times=None)
+        e500 = proxy.inject(deployment_apply, status=500, times=None)
+        e503 = proxy.inject(status_patch, status=503, times=None)
         started = time.monotonic()
         violations: list[dict[str, Any]] = []
 
@@ -123,10 +127,10 @@ def test_server_errors_and_timeouts_back_off_and_never_half_apply(
         # The status never claimed the rollout: no trial was recorded while writes failed.
         assert trials_of(api) == []
         assert live_knobs(api) == START
-        emulator.emulator.clear_faults()
+        proxy.clear_faults()
 
         # Timeouts: the server takes longer than the client waits (the write lands later).
-        slow = emulator.emulator.inject(deployment_apply, status=None, times=2, delay=1.5)
+        slow = proxy.inject(deployment_apply, status=None, times=2, delay=1.5)
         committed = wait_for(
             lambda: [t for t in trials_of(api) if t["outcome"] == "Committed"],
             40,
@@ -137,9 +141,9 @@ def test_server_errors_and_timeouts_back_off_and_never_half_apply(
         assert (live_knobs(api) or START).to_dict() == tuning_of(api)["applied"]
         assert committed[0]["knobs"] == tuning_of(api)["applied"]
     # Never a mixed template: every version the Deployment ever had is self-consistent.
-    versions = emulator.emulator.object_history("apps/v1/deployments", NS, "llama")
+    versions = deployment_versions(proxy)
     assert versions and all(_template_consistent(v) for v in versions)
-    assert template_history(emulator)[0] == START
+    assert template_history(proxy)[0] == START
 
 
 def _deployment_spec(api: Api) -> dict[str, Any]:
@@ -147,18 +151,18 @@ def _deployment_spec(api: Api) -> dict[str, Any]:
 
 
 def test_watch_expired_with_410_gone_relists_and_keeps_reconciling(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, POLICY)
     api.create(CR_PATH, cr_with_mode("Recommend"))
-    with operator(operator_config(emulator.url, interval_s=1.0)):
+    with operator(operator_config(proxy, interval_s=1.0)):
         wait_for(lambda: live_knobs(api) == START, 20, message="first Deployment")
         wait_for(lambda: _converged(api, 1), 20, message="first status")
 
         def lists() -> int:
             return len(
-                emulator.emulator.requests_matching(
-                    verb="list", resource="vllmdeployments", user_agent=_kopf_agents(emulator)
+                proxy.requests_matching(
+                    verb="list", resource="vllmdeployments", user_agent=_kopf_agents(proxy)
                 )
             )
 
@@ -166,10 +170,8 @@ def test_watch_expired_with_410_gone_relists_and_keeps_reconciling(
         # The watch drops and cannot reconnect for a while; meanwhile the CR changes and the
         # server compacts its event history, so kopf resumes from a resourceVersion the
         # server no longer has (410 Gone) and must relist to see the change.
-        cut = emulator.emulator.inject(
-            {"verb": "watch", "resource": "vllmdeployments"}, status=503, times=None
-        )
-        emulator.emulator.store.close_watches()
+        cut = proxy.inject({"verb": "watch", "resource": "vllmdeployments"}, status=503, times=None)
+        proxy.close_watches()
         wait_for(lambda: cut.hits >= 1, 20, message="kopf trying to reconnect its watch")
         api.merge(f"{CR_PATH}/llama", {"spec": {"replicas": 3}})
         api.create(
@@ -177,12 +179,12 @@ def test_watch_expired_with_410_gone_relists_and_keeps_reconciling(
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bump"}},
         )
         compacted_at = time.time()
-        compacted = emulator.emulator.compact()
-        emulator.emulator.clear_faults()
+        compacted = compact(proxy, api)
+        proxy.clear_faults()
         wait_for(lambda: lists() > listed, 20, message="kopf relisted after 410 Gone")
         resumed = [
             int(r.params["resourceVersion"])
-            for r in emulator.emulator.requests_matching(verb="watch", resource="vllmdeployments")
+            for r in proxy.requests_matching(verb="watch", resource="vllmdeployments")
             if r.status_code == 200 and "resourceVersion" in r.params and r.time > compacted_at
         ]
         assert any(rv < compacted for rv in resumed), (resumed, compacted)  # it did get a 410
@@ -197,18 +199,16 @@ def test_watch_expired_with_410_gone_relists_and_keeps_reconciling(
         wait_for(lambda: _converged(api, 3), 20, message="observedGeneration 3")
 
 
-def _kopf_agents(server: EmulatorServer) -> set[str | None]:
-    return {
-        r.user_agent for r in server.emulator.requests if (r.user_agent or "").startswith("kopf")
-    }
+def _kopf_agents(proxy: FaultProxy) -> set[str | None]:
+    return {r.user_agent for r in proxy.requests if (r.user_agent or "").startswith("kopf")}
 
 
 def test_hand_edited_or_deleted_deployment_is_restored_with_an_event(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, POLICY)
     api.create(CR_PATH, cr_with_mode("Recommend"))
-    with operator(operator_config(emulator.url, interval_s=1.0)):
+    with operator(operator_config(proxy, interval_s=1.0)):
         deployment = wait_some(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 20, "Deployment")
         wait_for(lambda: _converged(api, 1), 20, message="first status")
         original = args_of(deployment)
@@ -216,6 +216,7 @@ def test_hand_edited_or_deleted_deployment_is_restored_with_an_event(
         api.merge(
             f"{DEPLOYMENT_PATH}/llama",
             {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "args": edited}]}}}},
+            strategic=True,
         )
         wait_for(lambda: args_of(_deployment(api)) == original, 15, message="args restored")
         (restored,) = wait_for(

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster_api import CR_PATH, NS, POLICY_PATH, Api
+from tests.support.cluster_api import CR_PATH, NS, POLICY_PATH, Api, ApiServer
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
 from tests.support.faults import (
     START,
@@ -40,8 +40,7 @@ from tests.support.faults import (
 )
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.tuning_types import Knobs
-from vllm_localcluster.emulator import EmulatorServer
-from vllm_localcluster.emulator.handler import RequestRecord
+from vllm_localcluster.faults import FaultProxy, RequestRecord
 
 # A start the synthetic fleet is happy with (SLO met, no gain worth a rollout): Observing.
 CONTENT = Knobs(max_num_batched_tokens=2752, max_num_seqs=256, gpu_memory_utilization=0.89)
@@ -78,7 +77,7 @@ def _good_configs(start: Knobs, trials: list[dict[str, Any]]) -> list[Knobs]:
     return [start, *(Knobs.from_dict(t["knobs"]) for t in trials if t["outcome"] == "Committed")]
 
 
-def check_history(server: EmulatorServer, api: Api, start: Knobs) -> list[dict[str, Any]]:
+def check_history(proxy: FaultProxy, api: Api, start: Knobs) -> list[dict[str, Any]]:
     """The invariants every restart must keep; returns the trials for further checks."""
     trials = trials_of(api)
     ids = [t["id"] for t in trials]
@@ -86,7 +85,7 @@ def check_history(server: EmulatorServer, api: Api, start: Knobs) -> list[dict[s
     assert sum(t["outcome"] == "Pending" for t in trials) <= 1, trials
     candidates = {Knobs.from_dict(t["knobs"]) for t in trials}
     good = _good_configs(start, trials)
-    history = template_history(server)
+    history = template_history(proxy)
     assert history[0] == start, history
     for before, after in itertools.pairwise(history):
         if after in candidates and after not in good[:1]:
@@ -104,7 +103,7 @@ def check_history(server: EmulatorServer, api: Api, start: Knobs) -> list[dict[s
 
 @pytest.mark.parametrize("name", list(STEPS))
 def test_killed_in_every_phase_resumes_without_losing_or_doubling_a_rollout(
-    emulator: EmulatorServer, api: Api, name: str
+    apiserver: ApiServer, proxy: FaultProxy, api: Api, name: str
 ) -> None:
     step = STEPS[name]
     api.create(POLICY_PATH, fast_policy(**step.rollout))
@@ -113,11 +112,11 @@ def test_killed_in_every_phase_resumes_without_losing_or_doubling_a_rollout(
     bad: Callable[[Knobs | None], bool] = (
         (lambda k: k is not None and k != step.start) if step.bad_candidates else (lambda _: False)
     )
-    config = operator_config(emulator.url, interval_s=0.5)
-    with FakeKubelet(emulator.url, NS, is_bad=bad):
-        killed = freeze_when(emulator, phase_is(emulator, step.phase), step.writes)
+    config = operator_config(proxy, interval_s=0.5)
+    with FakeKubelet(apiserver, NS, is_bad=bad):
+        killed = freeze_when(proxy, phase_is(api, step.phase), step.writes)
         with operator(config, metrics):
-            wait_for(phase_is(emulator, step.phase), 40, message=f"phase {step.phase}")
+            wait_for(phase_is(api, step.phase), 40, message=f"phase {step.phase}")
             # Observing, and Candidate waiting for the budget, have nothing more to write: a
             # repeated conclusion keeps its timestamps (no status write per reconcile).
             if step.phase not in ("Observing", "Candidate"):
@@ -125,7 +124,7 @@ def test_killed_in_every_phase_resumes_without_losing_or_doubling_a_rollout(
         at_kill = tuning_of(api)
         assert at_kill["phase"] == step.phase
         pending = [t for t in at_kill.get("trials", []) if t["outcome"] == "Pending"]
-        emulator.emulator.clear_faults()
+        proxy.clear_faults()
 
         with operator(config, metrics):
             cycles = len(metrics.calls)
@@ -162,7 +161,7 @@ def test_killed_in_every_phase_resumes_without_losing_or_doubling_a_rollout(
                 20,
                 message="status and Deployment agree",
             )
-            trials = check_history(emulator, api, step.start)
+            trials = check_history(proxy, api, step.start)
 
     before_ids = [t["id"] for t in at_kill.get("trials", [])]
     after_ids = [t["id"] for t in trials]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import aiohttp.web
 import pytest
 
-from tests.support.cluster_api import CR_PATH, NS, Api
+from tests.support.cluster_api import CR_PATH, NS, Api, ApiServer
 from tests.support.fake_fleet import FakeKubelet
 from tests.support.faults import (
     START,
@@ -33,7 +33,7 @@ from tests.support.faults import (
     wait_some,
 )
 from tests.support.waiting import wait_for
-from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.faults import FaultProxy
 
 # What MetricsAvailable's message must mention for each kind of bad data.
 EXPECTED_REASON = {
@@ -47,12 +47,12 @@ EXPECTED_REASON = {
 
 @pytest.mark.parametrize("mode", sorted(EXPECTED_REASON))
 def test_bad_metrics_change_nothing_and_tuning_resumes_without_a_restart(
-    emulator: EmulatorServer, api: Api, mode: str
+    apiserver: ApiServer, proxy: FaultProxy, api: Api, mode: str
 ) -> None:
     api.create("/apis/vllm.autotuner.io/v1alpha1/vllmtuningpolicies", fast_policy())
     api.create(CR_PATH, cr_with_mode("Auto"))
     metrics = FaultySnapshots(mode=mode)
-    with FakeKubelet(emulator.url, NS), operator(operator_config(emulator.url), metrics):
+    with FakeKubelet(apiserver, NS), operator(operator_config(proxy), metrics):
         # Several cycles of bad data reach the operator (the SLO is missed all along, so
         # good data would have started a rollout at once).
         wait_for(lambda: metrics.served.count(mode) >= 4, 20, message=f"{mode} cycles served")
@@ -63,7 +63,7 @@ def test_bad_metrics_change_nothing_and_tuning_resumes_without_a_restart(
         )
         wait_for(lambda: metrics.served.count(mode) >= 6, 20, message="more bad cycles")
         assert live_knobs(api) == START
-        assert template_history(emulator) == [START]
+        assert template_history(proxy) == [START]
         assert trials_of(api) == []
         assert tuning_of(api).get("phase") not in ("RollingOut", "Verifying")
 
@@ -133,11 +133,11 @@ def silent_prometheus() -> Iterator[SilentServer]:
 
 @pytest.mark.parametrize("kind", ["down", "slow"])
 def test_real_prometheus_source_down_or_slow_holds_and_says_why(
-    emulator: EmulatorServer, api: Api, silent_prometheus: SilentServer, kind: str
+    apiserver: ApiServer, proxy: FaultProxy, api: Api, silent_prometheus: SilentServer, kind: str
 ) -> None:
     port = _closed_port() if kind == "down" else silent_prometheus.port
     config = operator_config(
-        emulator.url,
+        proxy,
         interval_s=0.5,
         prometheus_url=f"http://127.0.0.1:{port}",
         prometheus_timeout_s=0.5,
@@ -145,7 +145,7 @@ def test_real_prometheus_source_down_or_slow_holds_and_says_why(
     )
     api.create("/apis/vllm.autotuner.io/v1alpha1/vllmtuningpolicies", fast_policy())
     api.create(CR_PATH, cr_with_mode("Auto"))
-    with FakeKubelet(emulator.url, NS), operator(config):
+    with FakeKubelet(apiserver, NS), operator(config):
         # The first cycles wait for the pods' window; then the queries fail and say so.
         available = wait_some(
             cond_when(api, "MetricsAvailable", "False", "prometheus"),

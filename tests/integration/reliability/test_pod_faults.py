@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from tests.support.cluster_api import CR_PATH, NS, POLICY_PATH, Api
+from tests.support.cluster_api import CR_PATH, NS, POLICY_PATH, Api, ApiServer
 from tests.support.fake_fleet import SyntheticSnapshots
 from tests.support.faults import (
     START,
@@ -28,7 +28,7 @@ from tests.support.faults import (
 )
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.tuning_types import Knobs
-from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.faults import FaultProxy
 
 
 def _ended(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -46,13 +46,13 @@ def _not_start(k: Knobs | None) -> bool:
 
 
 def test_candidate_never_ready_is_rolled_back_after_ready_timeout(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, fast_policy(readyTimeout="3s", maxPerDay=2))
     api.create(CR_PATH, cr_with_mode("Auto"))
     with (
-        FaultyKubelet(emulator.url, NS, stuck=_not_start),
-        operator(operator_config(emulator.url), SyntheticSnapshots()),
+        FaultyKubelet(apiserver, NS, stuck=_not_start),
+        operator(operator_config(proxy), SyntheticSnapshots()),
     ):
         first = wait_for(lambda: _ended(trials_of(api)), 30, message="the first trial ended")[0]
         assert first["outcome"] == "NotReady", first
@@ -68,17 +68,17 @@ def test_candidate_never_ready_is_rolled_back_after_ready_timeout(
         ]
         assert second["knobs"] != first["knobs"]
         wait_for(lambda: live_knobs(api) == START, 20, message="back on the last good knobs")
-    assert template_history(emulator)[0] == START
+    assert template_history(proxy)[0] == START
 
 
 def test_crash_looping_candidate_is_rolled_back_and_remembered(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, fast_policy(maxPerDay=1))
     api.create(CR_PATH, cr_with_mode("Auto"))
     with (
-        FaultyKubelet(emulator.url, NS, crashing=_not_start),
-        operator(operator_config(emulator.url), SyntheticSnapshots()),
+        FaultyKubelet(apiserver, NS, crashing=_not_start),
+        operator(operator_config(proxy), SyntheticSnapshots()),
     ):
         (trial,) = wait_for(lambda: _ended(trials_of(api)), 30, message="the trial ended")
         assert trial["outcome"] == "Crashed", trial
@@ -92,13 +92,13 @@ def test_crash_looping_candidate_is_rolled_back_and_remembered(
 
 
 def test_oom_killed_long_after_commit_rolls_back_to_the_previous_good_configuration(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, fast_policy(maxPerDay=1))
     api.create(CR_PATH, cr_with_mode("Auto"))
     with (
-        FaultyKubelet(emulator.url, NS),
-        operator(operator_config(emulator.url), SyntheticSnapshots()),
+        FaultyKubelet(apiserver, NS),
+        operator(operator_config(proxy), SyntheticSnapshots()),
     ):
         (trial,) = wait_for(lambda: _ended(trials_of(api)), 30, message="a committed trial")
         assert trial["outcome"] == "Committed", trial
@@ -126,4 +126,4 @@ def test_oom_killed_long_after_commit_rolls_back_to_the_previous_good_configurat
         assert "OOMKilled" in rolled[-1]["message"]
         # The trial history still says what happened: committed, then failed later.
         assert trials_of(api)[0]["outcome"] == "Committed"
-    assert template_history(emulator) == [START, committed, START]
+    assert template_history(proxy) == [START, committed, START]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.cluster_api import CR_PATH, NS, POLICY_PATH, Api
+from tests.support.cluster_api import CR_PATH, NS, POLICY_PATH, Api, ApiServer
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
 from tests.support.faults import (
     START,
@@ -26,7 +26,7 @@ from tests.support.faults import (
 )
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.tuning_types import Knobs
-from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.faults import FaultProxy
 
 
 def _pending(api: Api) -> list[dict[str, Any]]:
@@ -34,12 +34,12 @@ def _pending(api: Api) -> list[dict[str, Any]]:
 
 
 def test_policy_deleted_mid_rollout_holds_then_resumes_the_same_trial(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, fast_policy(verifyWindow="3s"))
     api.create(CR_PATH, cr_with_mode("Auto"))
     metrics = SyntheticSnapshots()
-    with FakeKubelet(emulator.url, NS), operator(operator_config(emulator.url), metrics):
+    with FakeKubelet(apiserver, NS), operator(operator_config(proxy), metrics):
         wait_for(lambda: tuning_of(api).get("phase") == "Verifying", 30, message="Verifying")
         (trial,) = _pending(api)
         candidate = live_knobs(api)
@@ -52,7 +52,7 @@ def test_policy_deleted_mid_rollout_holds_then_resumes_the_same_trial(
         wait_for(lambda: len(metrics.calls) >= cycles + 8, 20, message="cycles without a policy")
         assert live_knobs(api) == candidate
         assert _pending(api) == [trial]
-        assert template_history(emulator) == [START, candidate]
+        assert template_history(proxy) == [START, candidate]
 
         api.create(POLICY_PATH, fast_policy(verifyWindow="3s"))
         finished = wait_for(
@@ -73,12 +73,12 @@ def _bounded(min_mnbt: int, max_mnbt: int, **rollout: Any) -> dict[str, Any]:
 
 
 def test_policy_tightened_mid_rollout_abandons_the_candidate_then_tunes_inside(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, fast_policy(verifyWindow="4s", maxPerDay=2))
     api.create(CR_PATH, cr_with_mode("Auto"))
     metrics = SyntheticSnapshots()
-    with FakeKubelet(emulator.url, NS), operator(operator_config(emulator.url), metrics):
+    with FakeKubelet(apiserver, NS), operator(operator_config(proxy), metrics):
         wait_for(lambda: tuning_of(api).get("phase") == "Verifying", 30, message="Verifying")
         (trial,) = _pending(api)
         candidate = Knobs.from_dict(trial["knobs"])
@@ -102,20 +102,20 @@ def test_policy_tightened_mid_rollout_abandons_the_candidate_then_tunes_inside(
         wait_for(lambda: len(metrics.calls) >= cycles + 6, 20, message="cycles under new bounds")
         later = [Knobs.from_dict(t["knobs"]) for t in trials_of(api)[1:]]
         assert all(6000 <= k.max_num_batched_tokens <= 16384 for k in later), later
-    history = template_history(emulator)
+    history = template_history(proxy)
     after = history[history.index(candidate) + 1 :]
     assert all(k.max_num_batched_tokens >= 6000 for k in after), history
 
 
 def test_policy_tightened_below_the_running_knobs_moves_them_inside(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, proxy: FaultProxy, api: Api
 ) -> None:
     api.create(POLICY_PATH, fast_policy(maxPerDay=3))
     # A start the synthetic fleet is content with: the tuner alone would not move.
     content = Knobs(max_num_batched_tokens=2752, max_num_seqs=256, gpu_memory_utilization=0.89)
     api.create(CR_PATH, cr_with_mode("Auto", knobs=content.to_dict()))
     metrics = SyntheticSnapshots()
-    with FakeKubelet(emulator.url, NS), operator(operator_config(emulator.url), metrics):
+    with FakeKubelet(apiserver, NS), operator(operator_config(proxy), metrics):
         wait_for(lambda: tuning_of(api).get("phase") == "Observing", 30, message="Observing")
         assert trials_of(api) == []
         ceiling = 2048
@@ -135,4 +135,4 @@ def test_policy_tightened_below_the_running_knobs_moves_them_inside(
             30,
             message="the move verified and committed",
         )
-    assert template_history(emulator) == [content, moved]
+    assert template_history(proxy) == [content, moved]

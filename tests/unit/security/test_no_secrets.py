@@ -1,10 +1,11 @@
 """Credentials never leave the process: not in logs, not in status, not in Events.
 
-The real operator (kopf and our handlers, in a thread) runs against the API emulator and a
-Prometheus stand-in that demands a bearer token. The token is read from a file, rotated while
-the operator runs (as projected service-account tokens are), and then refused; the Kubernetes
-token is a secret too. Every log record at DEBUG, every object the operator could write, and
-every request body it sent are searched for any of the secrets.
+The real operator (kopf and our handlers, in a thread) runs against the real API server,
+through a recording proxy, and a Prometheus stand-in that demands a bearer token. The token is
+read from a file, rotated while the operator runs (as projected service-account tokens are),
+and then refused; the operator's Kubernetes token is a secret too. Every log record at DEBUG,
+every object the operator could write, and every request body it sent are searched for any of
+the secrets.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import requests
 from bench.scale.kubelet import FleetKubelet
 from bench.scale.promstub import StubPrometheus
 
+from tests.support.cluster_api import ApiServer
 from tests.support.operator_runner import OperatorThread
 from tests.support.waiting import wait_for
 from vllm_autotuner.adapters.kube import KubeCredentials
 from vllm_autotuner.operator import OperatorConfig
-from vllm_localcluster.emulator import EmulatorServer
+from vllm_localcluster.faults import FaultProxy
 
 REPO = Path(__file__).resolve().parents[3]
 GROUP_PATH = "/apis/vllm.autotuner.io/v1alpha1"
@@ -56,13 +58,19 @@ CR_PATH = f"{GROUP_PATH}/namespaces/team-a/vllmdeployments/llama"
 
 @dataclass
 class Rig:
-    emulator: EmulatorServer
+    apiserver: ApiServer
+    proxy: FaultProxy
     prom: StubPrometheus
     token_file: Path
     session: requests.Session
 
+    @property
+    def kube_token(self) -> str:
+        """The operator's real token: the API server refuses any other."""
+        return str(self.apiserver.operator_credentials().token)
+
     def metrics_condition(self) -> dict[str, Any] | None:
-        status = self.session.get(self.emulator.url + CR_PATH, timeout=10).json().get("status")
+        status = self.session.get(self.apiserver.url + CR_PATH, timeout=10).json().get("status")
         for cond in (status or {}).get("conditions", []):
             if cond["type"] == "MetricsAvailable":
                 return dict(cond)
@@ -78,34 +86,43 @@ class Rig:
             "/apis/apps/v1/deployments",
             "/api/v1/services",
         ):
-            parts.append(self.session.get(self.emulator.url + path, timeout=10).text)
-        bodies = [r.body for r in self.emulator.emulator.requests if r.body is not None]
+            parts.append(self.session.get(self.apiserver.url + path, timeout=10).text)
+        bodies = [r.body for r in self.proxy.requests if r.body is not None]
         parts.append(json.dumps(bodies, default=str))
         return "\n".join(parts)
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    emulator = EmulatorServer(crds=REPO / "crds").start_in_thread()
+def rig(tmp_path: Path, apiserver: ApiServer, api: Any) -> Iterator[Rig]:
+    """`api` (unused here) creates namespace team-a and cleans the cluster afterwards."""
+    del api
+    proxy = FaultProxy(apiserver.url, str(apiserver.ca_file)).start_in_thread()
     prom = StubPrometheus(token=secrets.token_hex(16)).start()
     token_file = tmp_path / "token"
     token_file.write_text(prom.token or "")
-    session = requests.Session()
-    session.post(emulator.url + f"{GROUP_PATH}/vllmtuningpolicies", json=POLICY, timeout=10)
+    session = apiserver.session()
+    session.post(apiserver.url + f"{GROUP_PATH}/vllmtuningpolicies", json=POLICY, timeout=10)
     session.post(
-        emulator.url + f"{GROUP_PATH}/namespaces/team-a/vllmdeployments", json=CR, timeout=10
+        apiserver.url + f"{GROUP_PATH}/namespaces/team-a/vllmdeployments", json=CR, timeout=10
+    )
+    fleet = FleetKubelet(
+        apiserver.url,
+        prom.pod_namespace.__setitem__,
+        interval_s=0.2,
+        session=apiserver.session("bench-kubelet"),
     )
     try:
-        with FleetKubelet(emulator.url, prom.pod_namespace.__setitem__, interval_s=0.2):
-            yield Rig(emulator, prom, token_file, session)
+        with fleet:
+            yield Rig(apiserver, proxy, prom, token_file, session)
     finally:
         prom.stop()
-        emulator.stop()
+        proxy.stop()
 
 
-def run_operator(rig: Rig, prometheus_url: str, kube_token: str) -> OperatorThread:
+def run_operator(rig: Rig, prometheus_url: str) -> OperatorThread:
+    """The operator through the recording proxy, with its own token (sent by the client)."""
     config = OperatorConfig(
-        credentials=KubeCredentials.for_server(rig.emulator.url, token=kube_token, verify=False),
+        credentials=KubeCredentials.for_server(rig.proxy.url, token=rig.kube_token),
         reconcile_interval_s=0.5,
         prometheus_url=prometheus_url,
         prometheus_bearer_token_file=str(rig.token_file),
@@ -122,9 +139,9 @@ def test_tokens_never_reach_logs_status_or_events(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    kube_token = secrets.token_hex(16)
+    kube_token = rig.kube_token
     first = rig.prom.token or ""
-    operator = run_operator(rig, rig.prom.url, kube_token)
+    operator = run_operator(rig, rig.prom.url)
     try:
         wait_for(
             lambda: (rig.metrics_condition() or {}).get("status") == "True",
@@ -161,7 +178,7 @@ def test_a_server_that_echoes_the_token_does_not_leak_it(
     rig.prom.echo_credentials = True
     rig.token_file.write_text("wrong-" + secrets.token_hex(16))
     sent = rig.token_file.read_text()
-    operator = run_operator(rig, rig.prom.url, "k")
+    operator = run_operator(rig, rig.prom.url)
     try:
         wait_for(
             lambda: "401" in ((rig.metrics_condition() or {}).get("message") or ""),
@@ -181,7 +198,7 @@ def test_credentials_in_the_prometheus_url_are_not_published(
     password = secrets.token_hex(12)
     rig.prom.token = None
     dead = f"http://monitor:{password}@127.0.0.1:9/"  # port 9: nothing listens, errors quote it
-    operator = run_operator(rig, dead, "k")
+    operator = run_operator(rig, dead)
     try:
         wait_for(
             lambda: "127.0.0.1:9" in ((rig.metrics_condition() or {}).get("message") or ""),

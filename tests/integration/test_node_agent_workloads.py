@@ -1,8 +1,10 @@
-"""The pod runner against the API emulator and real `vllm-sim serve` processes.
+"""The node agent under the real control plane, with real `vllm-sim serve` processes.
 
 Everything goes through the API as a user (or the operator) would: a Deployment is created
-over HTTP and the test watches Pods, ReplicaSets and the Deployment's status, plus the processes
-themselves in /proc. One emulator and one runner serve the module; each test has its namespace.
+over HTTP; kube-controller-manager's Deployment and ReplicaSet controllers create the pods,
+kube-scheduler binds them, and the node agent runs them. The test watches Pods, ReplicaSets
+and the Deployment's status, plus the processes themselves in /proc. One cluster serves the
+module; each test has its namespace.
 """
 
 from __future__ import annotations
@@ -19,23 +21,17 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.support.kube import KubeHandle, running_emulator
 from tests.support.waiting import wait_for
-from vllm_localcluster.pods import PORT_ANNOTATION, PodRunner, RunnerConfig
-from vllm_localcluster.runner import container as container_module
-from vllm_localcluster.runner import kubelet as kubelet_module
-from vllm_localcluster.runner.container import (
+from vllm_localcluster.cluster import LocalCluster
+from vllm_localcluster.node import container as container_module
+from vllm_localcluster.node.container import (
     gpu_for_node_selector,
+    loopback_of,
+    pod_ip_of,
+    pre_stop_delay,
     serve_args,
     termination_reason,
-    with_local_address,
-)
-from vllm_localcluster.runner.workloads import (
-    RevisionCounts,
-    Strategy,
-    rolling_targets,
-    strategy_of,
-    template_hash,
+    with_pod_address,
 )
 
 T = TypeVar("T")
@@ -56,11 +52,11 @@ def test_serve_args_accept_the_forms_vllm_is_started_with() -> None:
     ] == ["--model", MODEL]
     with pytest.raises(ValueError):
         serve_args(["nginx"], [])
-    local = with_local_address(
-        [MODEL, "--port", "8000", "--host=0.0.0.0", "--max-num-seqs", "8"], 1234
+    local = with_pod_address(
+        [MODEL, "--port", "8000", "--host=0.0.0.0", "--max-num-seqs", "8"], "127.9.9.9", 1234
     )
     assert "8000" not in local and "--host=0.0.0.0" not in local
-    assert local[-4:] == ["--host", "127.0.0.1", "--port", "1234"]
+    assert local[-4:] == ["--host", "127.9.9.9", "--port", "1234"]
     assert local[local.index("--max-num-seqs") + 1] == "8"
 
 
@@ -90,47 +86,22 @@ def test_termination_reasons_follow_the_kubelet() -> None:
     assert termination_reason(2, "usage: bad flag") == "Error"
 
 
-def test_template_hash_names_a_revision() -> None:
-    template = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"args": ["x"]}]}}
-    same = {"spec": {"containers": [{"args": ["x"]}]}, "metadata": {"labels": {"a": "1"}}}
-    other = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"args": ["y"]}]}}
-    assert template_hash(template) == template_hash(same)
-    assert template_hash(template) != template_hash(other)
+def test_pre_stop_hooks_that_are_a_delay() -> None:
+    assert pre_stop_delay({}) == 0.0
+    assert pre_stop_delay({"lifecycle": {"preStop": {"sleep": {"seconds": 7}}}}) == 7.0
+    assert pre_stop_delay({"lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}}}) == 5
+    shell = {"exec": {"command": ["/bin/sh", "-c", "sleep 3"]}}
+    assert pre_stop_delay({"lifecycle": {"preStop": shell}}) == 3.0
+    other = {"httpGet": {"path": "/drain", "port": 8000}}
+    assert pre_stop_delay({"lifecycle": {"preStop": other}}) is None
 
 
-def test_strategy_rounding_and_defaults() -> None:
-    assert strategy_of({}, 4) == Strategy(recreate=False, max_surge=0, max_unavailable=1)
-    rolling = {"strategy": {"rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}}
-    assert strategy_of(rolling, 3) == Strategy(recreate=False, max_surge=1, max_unavailable=0)
-    zero = {"strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}}}
-    assert strategy_of(zero, 3).max_unavailable == 1
-    assert strategy_of({"strategy": {"type": "Recreate"}}, 2).recreate
-
-
-def test_recreate_stops_every_old_pod_before_starting_new_ones() -> None:
-    recreate = Strategy(recreate=True, max_surge=0, max_unavailable=2)
-    old = [RevisionCounts("old", desired=2, pods=2, available=2)]
-    assert rolling_targets(2, recreate, RevisionCounts("new", 0, 0, 0), old) == (0, {"old": 0})
-    draining = [RevisionCounts("old", desired=0, pods=1, available=0)]
-    assert rolling_targets(2, recreate, RevisionCounts("new", 0, 0, 0), draining)[0] == 0
-    gone = [RevisionCounts("old", desired=0, pods=0, available=0)]
-    assert rolling_targets(2, recreate, RevisionCounts("new", 0, 0, 0), gone)[0] == 2
-
-
-def test_surge_free_step_removes_before_it_adds() -> None:
-    strategy = Strategy(recreate=False, max_surge=0, max_unavailable=1)
-    old = [RevisionCounts("old", desired=2, pods=2, available=2)]
-    new, olds = rolling_targets(2, strategy, RevisionCounts("new", 0, 0, 0), old)
-    assert (new, olds) == (0, {"old": 1})
-    # Next step: room for one new pod; the old one left must keep serving until it is ready.
-    new, olds = rolling_targets(
-        2, strategy, RevisionCounts("new", 0, 0, 0), [RevisionCounts("old", 1, 1, 1)]
-    )
-    assert (new, olds) == (1, {"old": 1})
-    stalled = rolling_targets(
-        2, strategy, RevisionCounts("new", 1, 1, 0), [RevisionCounts("old", 1, 1, 1)]
-    )
-    assert stalled == (1, {"old": 1})
+def test_pod_addresses_map_between_the_api_and_this_machine() -> None:
+    assert pod_ip_of("127.200.3.4") == "10.200.3.4"
+    assert loopback_of("10.200.3.4") == "127.200.3.4"
+    assert with_pod_address(["M", "--port", "9000", "--host=0.0.0.0"], "127.1.2.3", 9000) == [
+        "M", "--host", "127.1.2.3", "--port", "9000"
+    ]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- cluster
@@ -146,18 +117,18 @@ def process_running(pid: int) -> bool:
 
 
 class Cluster:
-    def __init__(self, kube: KubeHandle, runner: PodRunner, targets: list[Any]) -> None:
-        self.kube = kube
-        self.runner = runner
+    def __init__(self, local: LocalCluster, targets: list[Any]) -> None:
+        self.local = local
         self.targets = targets
+        self.namespaces: set[str] = set()
 
     def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
-        status, payload = self.kube.http(method, path, body, **kw)
+        status, payload = self.local.request(method, path, body, **kw)
         assert status < 400, (status, payload)
         return payload
 
     def get(self, path: str) -> dict[str, Any] | None:
-        status, payload = self.kube.http("GET", path)
+        status, payload = self.local.request("GET", path)
         if status == 404:
             return None
         assert status == 200, payload
@@ -170,35 +141,41 @@ class Cluster:
         return self.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
 
     def create_deployment(self, namespace: str, body: dict[str, Any]) -> None:
+        if namespace not in self.namespaces:
+            self.call("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+            self.namespaces.add(namespace)
         self.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body)
+
+    def create_service(self, namespace: str, name: str) -> None:
+        service = {
+            "metadata": {"name": name},
+            "spec": {"selector": {"app": name}, "ports": [{"port": 8000, "targetPort": 8000}]},
+        }
+        self.call("POST", f"/api/v1/namespaces/{namespace}/services", service)
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self.call(
             "PATCH",
             f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
             patch,
-            content_type="application/merge-patch+json",
+            content_type="application/strategic-merge-patch+json",
         )
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    directory = tmp_path_factory.mktemp("runner")
+    directory = tmp_path_factory.mktemp("node-agent")
     targets: list[Any] = []
-    with running_emulator(directory) as kube:
-        config = RunnerConfig(
-            workdir=directory,
-            env=dict(SIM_ENV),
-            backoff_scale=BACKOFF_SCALE,
-            on_targets=lambda groups: targets.append(groups),
-        )
-        runner = PodRunner.for_url(kube.url, config).start_in_thread()
+    local = LocalCluster(directory, with_prometheus=False, speed=BACKOFF_SCALE, sim_env=SIM_ENV)
+    with local:
+        assert local.agent is not None
+        local.agent.config.on_targets = targets.append
         try:
-            yield Cluster(kube, runner, targets)
+            yield Cluster(local, targets)
         finally:
-            runner.stop()
-            leaked = [pid for pid in runner.pids() if process_running(pid)]
-            assert not leaked, f"processes left running: {leaked}"
+            pids = local.agent.pids()
+    leaked = [pid for pid in pids if process_running(pid)]
+    assert not leaked, f"processes left running: {leaked}"
 
 
 def deployment(
@@ -247,9 +224,14 @@ def pid_of(pod: dict[str, Any]) -> int:
     return int(container_status(pod)["containerID"].removeprefix("local://"))
 
 
-def health(port: int) -> int:
+def url_of(pod: dict[str, Any]) -> str:
+    """Where this machine reaches the pod: its pod IP 10.a.b.c listens at 127.a.b.c."""
+    return f"http://{loopback_of(pod['status']['podIP'])}:8000"
+
+
+def health(pod: dict[str, Any]) -> int:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+        with urllib.request.urlopen(url_of(pod) + "/health", timeout=2) as response:
             return int(response.status)
     except urllib.error.HTTPError as error:
         return error.code
@@ -288,6 +270,7 @@ def ready_pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
 def test_deployment_becomes_a_ready_pod_with_a_process(cluster: Cluster) -> None:
     ns = "one"
     cluster.create_deployment(ns, deployment("llm", ["--max-num-seqs", "16"]))
+    cluster.create_service(ns, "llm")
     pods = wait_for(lambda: ready_pods(cluster, ns), timeout=30, message="a ready pod")
     assert len(pods) == 1
     pod = pods[0]
@@ -299,8 +282,8 @@ def test_deployment_becomes_a_ready_pod_with_a_process(cluster: Cluster) -> None
     replicaset = cluster.get(f"/apis/apps/v1/namespaces/{ns}/replicasets/{owner['name']}")
     assert replicaset is not None
     assert replicaset["metadata"]["ownerReferences"][0]["name"] == "llm"
-    port = int(pod["metadata"]["annotations"][PORT_ANNOTATION])
-    assert health(port) == 200
+    assert pod["spec"]["nodeName"] == "localcluster"  # bound by kube-scheduler
+    assert health(pod) == 200
     state = container_status(pod)
     assert state["ready"] is True and "running" in state["state"] and state["restartCount"] == 0
     assert pod["status"]["phase"] == "Running"
@@ -315,9 +298,8 @@ def test_deployment_becomes_a_ready_pod_with_a_process(cluster: Cluster) -> None
     assert dep["status"]["observedGeneration"] == dep["metadata"]["generation"]
     assert condition(dep, "Available")["status"] == "True"
     assert condition(dep, "Progressing")["reason"] == "NewReplicaSetAvailable"
-    assert cluster.runner.endpoints(ns, "llm") == [
-        (pod["metadata"]["name"], f"http://127.0.0.1:{port}")
-    ]
+    endpoints = wait_for(lambda: cluster.local.endpoints(ns, "llm"), timeout=10, message="slice")
+    assert endpoints == [(pod["metadata"]["name"], url_of(pod))]
     group = wait_for(
         lambda: [
             g
@@ -329,7 +311,7 @@ def test_deployment_becomes_a_ready_pod_with_a_process(cluster: Cluster) -> None
     )
     assert group == [
         {
-            "targets": [f"127.0.0.1:{port}"],
+            "targets": [url_of(pod).removeprefix("http://")],
             "labels": {
                 "namespace": ns,
                 "pod": pod["metadata"]["name"],
@@ -340,21 +322,25 @@ def test_deployment_becomes_a_ready_pod_with_a_process(cluster: Cluster) -> None
     ]
 
 
-def test_surge_free_rolling_update_never_runs_two_pods(cluster: Cluster) -> None:
+def test_surge_free_rolling_update_never_serves_from_two_revisions(cluster: Cluster) -> None:
+    """maxSurge 0: the Deployment controller deletes the old pod before it creates the new
+    one. As in Kubernetes, the replacement may start while the old pod still terminates (its
+    process drains); what never happens is two pods that are ready and not terminating."""
     ns = "roll"
     cluster.create_deployment(ns, deployment("llm", ["--max-num-seqs", "16"]))
     old = wait_for(lambda: ready_pods(cluster, ns), timeout=30, message="first pod")[0]
     old_pid = pid_of(old)
-    seen_pids: set[int] = {old_pid}
-    most_running = [0]
+    most_serving = [0]
     stop = threading.Event()
 
     def observe() -> None:
         while not stop.is_set():
-            for pod in cluster.pods(ns):
-                if container_status(pod).get("containerID"):
-                    seen_pids.add(pid_of(pod))
-            most_running[0] = max(most_running[0], sum(map(process_running, list(seen_pids))))
+            serving = [
+                p
+                for p in cluster.pods(ns)
+                if is_ready(p) and not p["metadata"].get("deletionTimestamp")
+            ]
+            most_serving[0] = max(most_serving[0], len(serving))
             stop.wait(0.02)
 
     watcher = threading.Thread(target=observe, daemon=True)
@@ -387,8 +373,8 @@ def test_surge_free_rolling_update_never_runs_two_pods(cluster: Cluster) -> None
         new["metadata"]["labels"]["pod-template-hash"]
         != old["metadata"]["labels"]["pod-template-hash"]
     )
-    assert not process_running(old_pid)
-    assert most_running[0] == 1, f"{most_running[0]} processes ran at once"
+    wait_for(lambda: not process_running(old_pid), timeout=10, message="old process gone")
+    assert most_serving[0] == 1, f"{most_serving[0]} pods served at once"
     dep = until(
         deployment_where(
             cluster,
@@ -435,7 +421,7 @@ def test_a_revision_that_cannot_start_crash_loops_while_the_old_one_serves(
         serving[0]["metadata"]["labels"]["pod-template-hash"]
         != pod["metadata"]["labels"]["pod-template-hash"]
     )
-    assert health(int(serving[0]["metadata"]["annotations"][PORT_ANNOTATION])) == 200
+    assert health(serving[0]) == 200
     dep = until(
         deployment_where(
             cluster,
@@ -459,15 +445,14 @@ def test_a_run_time_oom_shows_as_oomkilled(cluster: Cluster) -> None:
 
     def oom_killed() -> dict[str, Any] | None:
         for pod in cluster.pods(ns):
-            port = pod["metadata"].get("annotations", {}).get(PORT_ANNOTATION)
             last = container_status(pod).get("lastState", {}).get("terminated")
             if last:
                 return dict(last)
-            if port and is_ready(pod):
+            if is_ready(pod):
                 # An idle engine takes no steps; one request makes it allocate, and die.
                 body = b'{"model": "%s", "prompt": "hi", "max_tokens": 4}' % MODEL.encode()
                 request = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/v1/completions",
+                    url_of(pod) + "/v1/completions",
                     data=body,
                     headers={"Content-Type": "application/json"},
                 )
@@ -505,29 +490,19 @@ def test_scaling_and_deleting_a_pod_are_followed(cluster: Cluster) -> None:
     assert dep["status"]["availableReplicas"] == 1
 
 
-def test_a_port_taken_by_someone_else_is_replaced(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ns = "port"
+def test_an_address_taken_by_someone_else_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        taken.bind(("127.250.250.250", 8000))
         taken.listen()
-        busy = taken.getsockname()[1]
-        ports = iter([busy])
-        monkeypatch.setattr(
-            kubelet_module, "free_port", lambda: next(ports, None) or container_module.free_port()
-        )
-        cluster.create_deployment(ns, deployment("llm", []))
-        pod = until(lambda: next(iter(ready_pods(cluster, ns)), None), timeout=30, message="a pod")
-    assert int(pod["metadata"]["annotations"][PORT_ANNOTATION]) != busy
-    status = container_status(pod)
-    assert status["restartCount"] >= 1
-    assert "cannot listen" in status["lastState"]["terminated"]["message"]
+        draws = iter([250, 250, 250, 200, 1, 2])
+        monkeypatch.setattr(container_module.random, "randint", lambda a, b: next(draws))
+        assert container_module.allocate_pod_ip(8000, set()) == "127.200.1.2"
 
 
 def test_deleting_the_deployment_removes_pods_and_processes(cluster: Cluster) -> None:
     ns = "gone"
     cluster.create_deployment(ns, deployment("llm", [], replicas=2))
+    cluster.create_service(ns, "llm")
     pods = until(
         lambda: p if len(p := ready_pods(cluster, ns)) == 2 else None, timeout=40, message="2"
     )
@@ -538,5 +513,5 @@ def test_deleting_the_deployment_removes_pods_and_processes(cluster: Cluster) ->
     wait_for(lambda: not any(map(process_running, pids)), timeout=15, message="processes gone")
     rs = cluster.call("GET", f"/apis/apps/v1/namespaces/{ns}/replicasets")["items"]
     assert rs == []
-    wait_for(lambda: cluster.runner.endpoints(ns, "llm") == [], timeout=5, message="no endpoints")
+    wait_for(lambda: cluster.local.endpoints(ns, "llm") == [], timeout=5, message="no endpoints")
     assert os.path.exists(f"/proc/{os.getpid()}")  # /proc works here, so the checks above mean it

@@ -1,9 +1,11 @@
 """One container of one pod as a local process: command mapping, spawning, stopping, exit reasons.
 
 A pod template says `vllm serve MODEL --port 8000 ...`; on this machine that becomes
-`python -m vllm_sim.cli serve MODEL ...` on a free loopback port, because every pod shares one
-network namespace here. Each process gets its own session (process group), so stopping a pod
-also stops anything it spawned, and nothing outlives the runner.
+`python -m vllm_sim.cli serve MODEL --host <pod IP> --port 8000 ...`. Every pod gets its own
+address in 127.0.0.0/8 (Linux routes the whole block to the loopback interface), so pods keep
+the ports their spec declares, as in a cluster where each pod has its own IP, and EndpointSlices
+carry addresses that reach them. Each process gets its own session (process group), so stopping
+a pod also stops anything it spawned, and nothing outlives the node agent.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,14 +38,43 @@ OOM_EXIT_CODE = 137
 
 
 class UnsupportedCommand(ValueError):
-    """The container does not run `vllm serve` (the only program this runner can start)."""
+    """The container does not run `vllm serve`, the only program the node agent starts unless
+    it is configured to run any command."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+DEFAULT_VLLM_PORT = 8000
+
+
+def pod_ip_of(loopback: str) -> str:
+    """The pod IP the API sees for a process listening on 127.a.b.c: 10.a.b.c.
+
+    The API server refuses loopback addresses in EndpointSlices, so pods get addresses in
+    10.128.0.0/9 (clear of the Service range 10.96.0.0/16), and whoever connects here (the
+    Service proxy, the Prometheus targets) reaches pod 10.a.b.c at 127.a.b.c.
+    """
+    return "10." + loopback.split(".", 1)[1]
+
+
+def loopback_of(pod_ip: str) -> str:
+    """Where pod 10.a.b.c listens on this machine: 127.a.b.c."""
+    return "127." + pod_ip.split(".", 1)[1]
+
+
+def allocate_pod_ip(port: int, taken: set[str]) -> str:
+    """A random 127.a.b.c (a >= 128) whose `port` is free now: random, so that two clusters on
+    one machine (parallel test runs) rarely meet. A pod keeps its address for life, as in
+    Kubernetes (the API server refuses a second IP of one family)."""
+    for _ in range(100):
+        ip = f"127.{random.randint(128, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+        if ip in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((ip, port))
+            except OSError:
+                continue
+        return ip
+    raise OSError(f"no free loopback address for port {port}")
 
 
 def _is_vllm(program: str) -> bool:
@@ -62,11 +94,21 @@ def serve_args(command: Sequence[str], args: Sequence[str]) -> list[str]:
         if module in argv:
             rest = argv[argv.index(module) + 1 :]
             return rest[1:] if rest[:1] == ["serve"] else rest
-    raise UnsupportedCommand(f"the local runner only runs `vllm serve`, not {argv[:3]!r}")
+    raise UnsupportedCommand(f"the node agent only runs `vllm serve`, not {argv[:3]!r}")
 
 
-def with_local_address(args: Sequence[str], port: int) -> list[str]:
-    """Drop --port/--host and listen on 127.0.0.1:port instead (all pods share one host)."""
+def port_of(args: Sequence[str], default: int = DEFAULT_VLLM_PORT) -> int:
+    """The --port the server will listen on (vLLM's default 8000)."""
+    for i, arg in enumerate(args):
+        if arg == "--port" and i + 1 < len(args):
+            return int(args[i + 1])
+        if arg.startswith("--port="):
+            return int(arg.split("=", 1)[1])
+    return default
+
+
+def with_pod_address(args: Sequence[str], ip: str, port: int) -> list[str]:
+    """Listen on the pod's own address: drop --host/--port and set both."""
     out: list[str] = []
     skip = False
     for arg in args:
@@ -79,11 +121,11 @@ def with_local_address(args: Sequence[str], port: int) -> list[str]:
         if arg.startswith(("--port=", "--host=")):
             continue
         out.append(arg)
-    return [*out, "--host", "127.0.0.1", "--port", str(port)]
+    return [*out, "--host", ip, "--port", str(port)]
 
 
 def container_env(container: Mapping[str, Any]) -> dict[str, str]:
-    """Plain `value` entries of the container's env; valueFrom needs an API the runner lacks."""
+    """Plain `value` entries of the container's env; valueFrom needs an API the node agent lacks."""
     env: dict[str, str] = {}
     for entry in container.get("env") or []:
         if isinstance(entry, Mapping) and "name" in entry and "valueFrom" not in entry:
@@ -131,7 +173,6 @@ class Process:
     """A started container process and where its output goes."""
 
     popen: subprocess.Popen[bytes]
-    port: int
     log_path: Path
     log_offset: int
     started_at: float = field(default_factory=time.time)
@@ -163,7 +204,7 @@ class Process:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
 
-    async def stop(self, grace_s: float) -> None:
+    async def stop(self, grace_s: float, on_kill: Callable[[], None] | None = None) -> None:
         """SIGTERM the process group, SIGKILL it after the grace period, reap the process."""
         if self.popen.poll() is None:
             self.signal_group(signal.SIGTERM)
@@ -171,11 +212,13 @@ class Process:
             while self.popen.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
         if self.popen.poll() is None:
+            if on_kill is not None:
+                on_kill()
             self.signal_group(signal.SIGKILL)
             await asyncio.get_running_loop().run_in_executor(None, self.popen.wait)
 
     def kill_now(self) -> None:
-        """Synchronous last resort (interpreter exit, a runner that lost its loop)."""
+        """Synchronous last resort (interpreter exit, an agent that lost its loop)."""
         self.signal_group(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5)
@@ -183,29 +226,23 @@ class Process:
 
 def _orphan_guard() -> list[str]:
     """`setpriv --pdeathsig KILL` (util-linux) makes the kernel kill a pod's process when the
-    thread that started it dies, so even a SIGKILLed runner leaves no simulator behind. The
+    thread that started it dies, so even a SIGKILLed agent leaves no simulator behind. The
     signal survives exec; without setpriv, stop() and the atexit hook are the only guards."""
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
-def spawn(
-    launcher: Sequence[str],
-    serve: Sequence[str],
-    port: int,
-    env: Mapping[str, str],
-    log_path: Path,
-) -> Process:
-    """Start `launcher + serve args` on 127.0.0.1:port in its own session, output to the log."""
+def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> Process:
+    """Start argv in its own session, output appended to the pod's log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = [*_orphan_guard(), *launcher, *with_local_address(serve, port)]
+    full = [*_orphan_guard(), *argv]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     with log_path.open("ab") as log:
         offset = log.tell()
-        log.write(f"--- {time.strftime('%H:%M:%S')} starting: {' '.join(argv)}\n".encode())
+        log.write(f"--- {time.strftime('%H:%M:%S')} starting: {' '.join(full)}\n".encode())
         log.flush()
         popen = subprocess.Popen(
-            argv,
+            full,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -213,4 +250,34 @@ def spawn(
             start_new_session=True,
             close_fds=True,
         )
-    return Process(popen=popen, port=port, log_path=log_path, log_offset=offset)
+    return Process(popen=popen, log_path=log_path, log_offset=offset)
+
+
+def pre_stop_delay(container: Mapping[str, Any]) -> float | None:
+    """Seconds the container's preStop hook waits, or None when there is no hook we can honour.
+
+    Kubernetes' native `lifecycle.preStop.sleep.seconds` (GA in 1.32), and the two exec forms
+    charts use for the same purpose, `["sleep", "N"]` and `["/bin/sh", "-c", "sleep N"]`, are a
+    delay of N seconds: the time endpoints need to drop the pod before it gets SIGTERM. Any other
+    hook (httpGet, other commands) is not run here; the caller says so in the pod's log.
+    """
+    hook = (container.get("lifecycle") or {}).get("preStop") or {}
+    if not hook:
+        return 0.0
+    if "sleep" in hook:
+        return float((hook["sleep"] or {}).get("seconds", 0))
+    command = [str(part) for part in ((hook.get("exec") or {}).get("command") or [])]
+    if len(command) == 2 and os.path.basename(command[0]) == "sleep":
+        return _seconds(command[1])
+    if len(command) == 3 and command[1] == "-c" and os.path.basename(command[0]) in ("sh", "bash"):
+        words = command[2].split()
+        if len(words) == 2 and words[0] == "sleep":
+            return _seconds(words[1])
+    return None
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        return float(text.rstrip("s"))
+    except ValueError:
+        return None
