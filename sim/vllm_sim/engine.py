@@ -112,6 +112,9 @@ class Engine:
         self._sigma = math.sqrt(math.log1p(self.reality.step_jitter**2))
         self._crash_at: float | None = None
         self._crashed = False
+        # vLLM's shutdown (--shutdown-timeout): see begin_drain.
+        self._drain_start: float | None = None
+        self._drain_deadline: float | None = None
         r = self.reality
         if (
             r.oom_above_utilization is not None
@@ -137,8 +140,12 @@ class Engine:
             )
         if not math.isfinite(req.arrival_time):
             raise ValueError("arrival_time must be finite")
-        self._ids.add(req.request_id)
         seq = Seq(req, self.max_model_len, self.resolved.block_size, req.arrival_time)
+        if self._drain_start is not None and req.arrival_time >= self._drain_start:
+            # vLLM's EngineCore._reject_add_in_shutdown: finished at once as aborted.
+            self._finish(seq, "abort", max(self.now, req.arrival_time))
+            return
+        self._ids.add(req.request_id)
         visible = max(req.arrival_time + self.frontend_delay, self.now)
         seq.queued_at = visible
         heapq.heappush(self._pending, (visible, self._order, seq))
@@ -164,6 +171,44 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self._pending or self.sched.running or self.sched.waiting)
 
+    def begin_drain(self, timeout_s: float, at: float | None = None) -> None:
+        """Shut down as vLLM does on SIGTERM with `--shutdown-timeout timeout_s`.
+
+        From virtual time `at` (default: now) the engine admits nothing new: a request arriving
+        at or after it is finished at once with finish reason "abort", as vLLM's EngineCore
+        rejects adds during shutdown (`vllm/v1/engine/core.py`, `_reject_add_in_shutdown`).
+        Requests that arrived before it keep being served. With `timeout_s` 0 they are all
+        aborted at once (vLLM's default); otherwise they run until `at + timeout_s`, and
+        whatever is unfinished then is aborted at the first step boundary at or after that
+        deadline (vLLM kills the engine process at the deadline; the difference is at most the
+        step in progress). `drained` tells when nothing is left; calling it again only ever
+        brings the deadline forward.
+        """
+        if timeout_s < 0 or not math.isfinite(timeout_s):
+            raise ValueError(f"shutdown timeout must be a finite number >= 0, got {timeout_s}")
+        start = self.now if at is None else at
+        deadline = start + timeout_s
+        if self._drain_start is None or start < self._drain_start:
+            self._drain_start = start
+        if self._drain_deadline is None or deadline < self._drain_deadline:
+            self._drain_deadline = deadline
+        self._drain_check()
+
+    @property
+    def draining(self) -> bool:
+        """True once begin_drain was called (the engine then refuses new requests)."""
+        return self._drain_start is not None
+
+    @property
+    def drained(self) -> bool:
+        """True once draining and every request that was in flight has finished or aborted."""
+        return self._drain_start is not None and not self.has_unfinished()
+
+    @property
+    def drain_deadline(self) -> float | None:
+        """Virtual time at which a drain aborts what is still unfinished (None: no drain)."""
+        return self._drain_deadline
+
     def pop_finished(self) -> list[RequestRecord]:
         out, self._finished = self._finished, []
         return out
@@ -181,6 +226,7 @@ class Engine:
         if self._inflight is not None:
             nxt = self._inflight[2]
         else:
+            self._drain_check()
             self._release_arrivals()
             if self.sched.running or self.sched.waiting:
                 self._begin_step()
@@ -188,6 +234,9 @@ class Engine:
                 nxt = self._inflight[2]
             elif self._pending:
                 nxt = max(self.now, self._pending[0][0])
+                deadline = self._drain_deadline
+                if deadline is not None and nxt > deadline:
+                    nxt = max(self.now, deadline)  # the drain aborts them before they are seen
         if crash is not None:
             return crash if nxt is None else min(nxt, crash)
         return nxt
@@ -203,6 +252,8 @@ class Engine:
                     break
                 self._end_step(on_tokens)
                 continue
+            if self._drain_deadline is not None:
+                self._drain_check()
             self._release_arrivals()
             if not (self.sched.running or self.sched.waiting):
                 if not self._pending:
@@ -223,6 +274,8 @@ class Engine:
         if self.now < t < math.inf:
             self._check_crash(t)
             self.now = t
+        if self._drain_deadline is not None:
+            self._drain_check()
 
     def run(self, requests: Iterable[Request]) -> list[RequestRecord]:
         for req in sorted(requests, key=lambda r: r.arrival_time):
@@ -232,6 +285,16 @@ class Engine:
         return self.pop_finished()
 
     # ---- steps ------------------------------------------------------------------------------
+
+    def _drain_check(self) -> None:
+        """Between steps, once the drain deadline has come: abort everything unfinished."""
+        deadline = self._drain_deadline
+        if deadline is None or self.now < deadline or self._inflight is not None:
+            return
+        ids = [s.rid for s in self.sched.running] + [s.rid for s in self.sched.waiting]
+        ids += [p[2].rid for p in sorted(self._pending)]
+        for rid in ids:
+            self.abort_request(rid)
 
     def _check_crash(self, t: float) -> None:
         if self._crashed or (self._crash_at is not None and t >= self._crash_at):
@@ -386,6 +449,8 @@ class Engine:
         limit = t
         if self._crash_at is not None:
             limit = min(limit, self._crash_at)
+        if self._drain_deadline is not None:
+            limit = min(limit, self._drain_deadline)
         k = min(k, int(np.searchsorted(starts, limit, side="left")))
         # An arrival can join this stretch's steps only if step 2 could admit it. It is seen
         # by the first step starting at or after it, or (async scheduling) by the first step
