@@ -92,6 +92,8 @@ class Engine:
         )
         self.metrics.gauge_provider = self._gauges
         self.fast = fast
+        self._caching = self.resolved.enable_prefix_caching
+        self._async = config.async_scheduling
         # Seconds from arrival until the scheduler can see a request (Calibration.c_frontend_s).
         self.frontend_delay = (calibration or CALIBRATION).c_frontend_s
         self.record_itl = record_itl
@@ -169,7 +171,7 @@ class Engine:
             self._finish(seq, "abort", max(self.now, seq.arrival))
 
     def has_unfinished(self) -> bool:
-        return bool(self._pending or self.sched.running or self.sched.waiting)
+        return bool(self._pending or self.sched.has_work())
 
     def begin_drain(self, timeout_s: float, at: float | None = None) -> None:
         """Shut down as vLLM does on SIGTERM with `--shutdown-timeout timeout_s`.
@@ -228,7 +230,7 @@ class Engine:
         else:
             self._drain_check()
             self._release_arrivals()
-            if self.sched.running or self.sched.waiting:
+            if self.sched.has_work():
                 self._begin_step()
                 assert self._inflight is not None
                 nxt = self._inflight[2]
@@ -255,7 +257,7 @@ class Engine:
             if self._drain_deadline is not None:
                 self._drain_check()
             self._release_arrivals()
-            if not (self.sched.running or self.sched.waiting):
+            if not self.sched.has_work():
                 if not self._pending:
                     break
                 nxt = self._pending[0][0]
@@ -314,11 +316,7 @@ class Engine:
         started, if the engine was busy; an idle engine picks work up at once.
         """
         sched = self.sched
-        if (
-            self.config.async_scheduling
-            and (sched.running or sched.waiting)
-            and self._prev_end >= self.now
-        ):
+        if self.config.async_scheduling and sched.has_work() and self._prev_end >= self.now:
             return self._prev_start
         return self.now
 
@@ -326,9 +324,14 @@ class Engine:
         pending = self._pending
         if not pending:
             return
-        cutoff = self._arrival_cutoff()
-        while pending and pending[0][0] <= cutoff:
-            self.sched.waiting.append(heapq.heappop(pending)[2])
+        # _arrival_cutoff, inlined: this runs before every step.
+        cutoff = self.now
+        if self._async and self._prev_end >= cutoff and self.sched.has_work():
+            cutoff = self._prev_start
+        if pending[0][0] <= cutoff:
+            waiting = self.sched.waiting
+            while pending and pending[0][0] <= cutoff:
+                waiting.append(heapq.heappop(pending)[2])
 
     def _jitter(self, first_step: int, n: int) -> FloatArray:
         """Multiplicative log-normal noise with mean 1, drawn per step index (in blocks, in
@@ -366,7 +369,7 @@ class Engine:
         b, t0, t_end = self._inflight
         self._inflight = None
         m = self.metrics
-        if self.resolved.enable_prefix_caching:
+        if b.admitted and self._caching:
             for seq, hit in zip(b.admitted, b.hits, strict=True):
                 if not seq.queried:
                     seq.queried = True
@@ -379,7 +382,7 @@ class Engine:
         self.now = t_end
         if b.n_tokens:
             m.iteration_tokens.observe(b.n_tokens)
-        m.generation_tokens.inc(out.n_generated)
+        m.generation_tokens.values[""] += out.n_generated
         if out.n_regular:
             m.observe_itl_repeated(out.regular_gap, out.n_regular)
         if out.odd_gaps:
@@ -387,10 +390,11 @@ class Engine:
         for seq in out.first_tokens:
             m.ttft.observe(t_end - seq.arrival)
             m.observe_prompt_done(seq.plen, seq.cached_tokens)
-        finished_ids: set[str] = set()
         for seq in out.finished:
-            finished_ids.add(seq.rid)
             self._finish(seq, "length", t_end)
+        finished_ids: set[str] = set()
+        if out.finished and (want_tokens or self._deferred_aborts):
+            finished_ids = {seq.rid for seq in out.finished}
         if want_tokens and out.token_seqs:
             assert on_tokens is not None
             events = [
@@ -414,7 +418,7 @@ class Engine:
 
     def _stats(self, index: int, t0: float, t1: float, b: Batch | None, skipped: bool) -> StepStats:
         pool = self.sched.pool
-        n_running = len(self.sched.running)
+        n_running = self.sched.n_running
         return StepStats(
             index=index,
             start=t0,
@@ -438,8 +442,8 @@ class Engine:
         k = sched.decode_stretch_limit()
         if k < 2:
             return False
-        d = len(sched.running)
-        ctx0 = float(np.add.reduce(sched.comp))
+        d = sched.n_running
+        ctx0 = float(sched.decode_ctx())
         dts = self.steptime.decode_times(d, ctx0, k)
         if self.reality.step_jitter > 0:
             dts = dts * self._jitter(sched.step_index, k)
@@ -488,47 +492,42 @@ class Engine:
 
     def _finish(self, seq: Seq, reason: str, t: float) -> None:
         itl: list[float] = []
-        if self.record_itl and seq.first_token_time is not None:
+        first = seq.first_token_time
+        if self.record_itl and first is not None:
             itl = np.diff(self.sched.token_times(seq)).tolist()
-        out_len = seq.output_len
+        out_len = seq.ntok - seq.plen
+        arrival = seq.arrival
         rec = RequestRecord(
-            request_id=seq.rid,
-            arrival_time=seq.arrival,
-            prompt_len=seq.plen,
-            output_len=out_len,
-            max_tokens=seq.max_tokens,
-            first_scheduled_time=seq.first_scheduled,
-            first_token_time=seq.first_token_time,
-            finish_time=t,
-            finish_reason=reason,
-            cached_tokens=seq.cached_tokens,
-            num_preemptions=seq.num_preemptions,
-            itl=itl,
-        )
+            seq.rid, arrival, seq.plen, out_len, seq.max_tokens, seq.first_scheduled, first, t,
+            reason, seq.cached_tokens, seq.num_preemptions, itl,
+        )  # fmt: skip
         self._finished.append(rec)
         self._ids.discard(seq.rid)  # only in-flight ids must be unique
-        sched_t = seq.first_scheduled if seq.first_scheduled is not None else t
-        first_t = seq.first_token_time if seq.first_token_time is not None else t
-        last_t = self.sched.step_end_time(seq.last_step) if seq.first_token_time is not None else t
-        self.metrics.observe_finished(
-            reason=reason,
-            e2e=t - seq.arrival,
-            queue=max(0.0, sched_t - seq.queued_at),
-            prefill=first_t - sched_t,
-            decode=last_t - first_t,
-            inference=last_t - sched_t,
-            tpot=rec.tpot,
-            prompt_len=seq.plen,
-            output_len=out_len,
-            max_tokens=seq.max_tokens,
-            cached=seq.cached_tokens,
-            preemptions=seq.num_preemptions,
-        )
+        sched_t = seq.first_scheduled
+        if sched_t is None:
+            sched_t = t
+        if first is None:
+            first = last = t
+            tpot = 0.0
+        else:
+            last = float(self.sched._times[seq.last_step])
+            tpot = (t - first) / (out_len - 1) if out_len > 1 else 0.0
+        queue = sched_t - seq.queued_at
+        m = self.metrics
+        success = m.request_success.values
+        success[reason] = success.get(reason, 0.0) + 1
+        m.finished_rows.append(
+            (t - arrival, queue if queue > 0.0 else 0.0, first - sched_t, last - first,
+             last - sched_t, tpot, seq.plen, out_len, out_len, seq.max_tokens, 1,
+             seq.plen - seq.cached_tokens, seq.num_preemptions)
+        )  # fmt: skip
+        if len(m.finished_rows) >= 4096:
+            m.flush()
 
     # ---- introspection ------------------------------------------------------------------------
 
     def _gauges(self) -> tuple[int, int, float]:
-        return len(self.sched.running), len(self.sched.waiting), self.sched.pool.usage()
+        return self.sched.n_running, len(self.sched.waiting), self.sched.pool.usage()
 
     def _cache_config_fields(self) -> list[tuple[str, object]]:
         """CacheConfig.__dict__ of vLLM 0.33 in declaration order (vllm.md §1.4). Fields the

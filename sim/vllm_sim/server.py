@@ -52,7 +52,6 @@ CHARS_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4  # role header and separators of a typical chat template
 CHAT_TOKENS_REPLY_PRIMER = 3  # the assistant header the template appends
 DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MIN_SLEEP_S = 0.001
 _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs")
 
@@ -374,11 +373,17 @@ class SimServer:
     async def load(self, _request: web.Request) -> web.Response:
         return web.json_response({"server_load": self.in_flight})
 
-    async def metrics(self, _request: web.Request) -> web.Response:
-        # Text format 0.0.4 whatever the Accept header asks: Prometheus 2.x negotiating
-        # OpenMetrics would otherwise get `vllm_` names (testing-infrastructure.md §3).
-        text = str(self.engine.metrics.render()) if self.metrics_enabled else ""
-        return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+    async def metrics(self, request: web.Request) -> web.Response:
+        # prometheus_client's exposition and content negotiation, as vLLM's /metrics mount
+        # (see vllm_sim.metrics): a Prometheus 2.x negotiating OpenMetrics gets `vllm_` names.
+        accept = request.headers.get("Accept", "")
+        encoding = request.headers.get("Accept-Encoding", "")
+        names = request.query.getall("name[]", [])
+        if self.metrics_enabled:
+            body, headers = self.engine.metrics.exposition(accept, encoding, names)
+        else:  # --disable-log-stats: vLLM registers no engine metrics, only the defaults
+            body, headers = _default_exposition(accept, encoding, names)
+        return web.Response(body=body, headers=headers)
 
     async def models(self, _request: web.Request) -> web.Response:
         card = {
@@ -627,6 +632,14 @@ class _StreamWriter(_Writer):
             await self._write(self.chunk(None, self.usage()))
         await self._write(b"data: [DONE]\n\n")
         await self.response.write_eof()
+
+
+def _default_exposition(
+    accept: str, encoding: str, names: list[str]
+) -> tuple[bytes, dict[str, str]]:
+    from vllm_sim.metrics import default_registry_exposition
+
+    return default_registry_exposition(accept, encoding, names)
 
 
 def _print_startup_error(exc: Exception, log: TextIO) -> None:

@@ -136,8 +136,13 @@ class StepTimeModel:
     def step_time(self, n_tokens: int, n_seqs: int, ctx_tokens: float, attn_pairs: float) -> float:
         """One step: `ctx_tokens` = KV tokens read (context before the step, summed over the
         scheduled requests); `attn_pairs` = query-key pairs of the attention (Σ chunk x context)."""
-        kv_s = self._kv_per_token_s * self.kv_slowdown(n_seqs)
-        mem = self.weight_time(n_tokens) + kv_s * (ctx_tokens + n_tokens)
+        tail = self._kv_tail_units
+        kv_s = self._kv_per_token_s
+        if tail > 0:  # kv_slowdown, inlined: this runs for every step
+            units = float(n_seqs * self._kv_heads)
+            kv_s *= 1.0 + tail / (units if units > tail else tail)
+        weights = self.weight_time(n_tokens) if self._moe else self._dense_weight_s
+        mem = weights + kv_s * (ctx_tokens + n_tokens)
         flops = (
             self._flop_per_token * n_tokens
             + self._flop_per_logit * n_seqs

@@ -102,7 +102,7 @@ class TokenEvent:
     finish_reason: str | None = None  # "length", "abort", "error" when finished
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     """What happened to one finished request, in virtual seconds (engine-side timings)."""
 

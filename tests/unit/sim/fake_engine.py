@@ -43,6 +43,12 @@ class FakeMetrics:
     def __init__(self, engine: FakeEngine) -> None:
         self._engine = engine
 
+    def exposition(
+        self, accept: str = "", accept_encoding: str = "", names: object = ()
+    ) -> tuple[bytes, dict[str, str]]:
+        """Always text 0.0.4 (the real engine negotiates; see vllm_sim.metrics)."""
+        return self.render().encode(), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+
     def render(self) -> str:
         e = self._engine
         labels = f'model_name="{e.model_name}",engine="0"'
