@@ -268,8 +268,9 @@ class Engine:
                 continue
             if self.now >= t:
                 break
-            self._check_crash(self.now)
-            if self.fast and on_tokens is None and self._skip_ahead(t):
+            if self._crash_at is not None:
+                self._check_crash(self.now)
+            if self.fast and on_tokens is None and not self.sched._pre and self._skip_ahead(t):
                 continue
             self._begin_step()
             self._end_step(on_tokens)
@@ -370,11 +371,12 @@ class Engine:
         self._inflight = None
         m = self.metrics
         if b.admitted and self._caching:
+            queries = m.prefix_rows  # observe_prefix_query, buffered
             for seq, hit in zip(b.admitted, b.hits, strict=True):
                 if not seq.queried:
                     seq.queried = True
                     seq.cached_tokens = hit
-                    m.observe_prefix_query(seq.ntok, hit)
+                    queries.append((seq.ntok, hit))
         if b.preempted:
             m.num_preemptions.inc(len(b.preempted))
         want_tokens = on_tokens is not None
@@ -384,12 +386,18 @@ class Engine:
             m.iteration_tokens.observe(b.n_tokens)
         m.generation_tokens.values[""] += out.n_generated
         if out.n_regular:
-            m.observe_itl_repeated(out.regular_gap, out.n_regular)
+            if m.tpot_hidden:
+                m.observe_itl_repeated(out.regular_gap, out.n_regular)
+            else:
+                m.itl.observe_repeated(out.regular_gap, out.n_regular)
         if out.odd_gaps:
             m.observe_itl(np.asarray(out.odd_gaps))
-        for seq in out.first_tokens:
-            m.ttft.observe(t_end - seq.arrival)
-            m.observe_prompt_done(seq.plen, seq.cached_tokens)
+        if out.first_tokens:
+            firsts = m.first_rows  # observe_first_token, inlined
+            for seq in out.first_tokens:
+                firsts.append((t_end - seq.arrival, seq.plen, seq.cached_tokens))
+            if len(firsts) >= 4096:
+                m.flush()
         for seq in out.finished:
             self._finish(seq, "length", t_end)
         finished_ids: set[str] = set()
@@ -439,6 +447,11 @@ class Engine:
     def _skip_ahead(self, t: float) -> bool:
         """Run a stretch of pure-decode steps in one go; False when no stretch of 2+ fits."""
         sched = self.sched
+        pending = self._pending
+        if pending and pending[0][0] <= self.now and not sched.waiting:
+            d = sched.n_running
+            if d < sched.mns and d < sched.budget:
+                return False  # an arrival would join the second step (see below)
         k = sched.decode_stretch_limit()
         if k < 2:
             return False

@@ -220,7 +220,10 @@ class VllmMetrics:
             wanted = _parse_version(show_hidden_metrics_for_version)
             hidden = {n for n, removed in _REMOVED_IN.items() if wanted < removed}
         self.hidden = hidden
+        self.tpot_hidden = "vllm:time_per_output_token_seconds" in hidden
         self.finished_rows: list[tuple[float, ...]] = []
+        self.first_rows: list[tuple[float, int, int]] = []
+        self.prefix_rows: list[tuple[int, int]] = []  # (queried, hit) tokens per admission
         tok = build_1_2_5_buckets(max_model_len)
         H = Histogram
         self.ttft = H(
@@ -344,6 +347,10 @@ class VllmMetrics:
         if "vllm:time_per_output_token_seconds" in self.hidden:
             self.tpot_old.observe_repeated(gap, n)
 
+    def observe_first_token(self, ttft: float, prompt_len: int, cached: int) -> None:
+        """A request's first token (buffered like finished requests; Engine inlines this)."""
+        self.first_rows.append((ttft, prompt_len, cached))
+
     def observe_prefix_query(self, queried: int, hits: int) -> None:
         self.prefix_cache_queries.values[""] += queried
         self.prefix_cache_hits.values[""] += hits
@@ -385,6 +392,26 @@ class VllmMetrics:
 
     def flush(self) -> None:
         """Bin the buffered per-request observations (one vectorised pass per histogram)."""
+        queries = self.prefix_rows
+        if queried := sum(q for q, _ in queries):
+            self.observe_prefix_query(queried, sum(h for _, h in queries))
+        queries.clear()
+        firsts = self.first_rows
+        if firsts:
+            ttft = self.ttft
+            total = ttft.sum
+            prompt = cached_total = 0
+            for value, prompt_len, cached in firsts:
+                total += value  # the order and rounding of one observe() at a time
+                prompt += prompt_len
+                cached_total += cached
+            ttft.sum = total
+            self.observe_prompt_done(prompt, cached_total)  # integer sums: exact
+            values = np.fromiter((row[0] for row in firsts), np.float64, len(firsts))
+            idx = np.searchsorted(ttft.bounds, values, side="left")
+            binned = np.bincount(idx, minlength=len(ttft.counts)).tolist()
+            ttft.counts = [a + b for a, b in zip(ttft.counts, binned, strict=True)]
+            firsts.clear()
         if not self.finished_rows:
             return
         rows = self.finished_rows

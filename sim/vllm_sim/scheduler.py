@@ -537,7 +537,8 @@ class Scheduler:
         """Apply a scheduled step that ends at `t_end`: tokens, prefix blocks, finishes."""
         s = self.step_index
         self.step_index += 1
-        self._grow_times(s + 1)
+        if s >= self._times.size:
+            self._grow_times(s + 1)
         self._times[s] = t_end
         if batch.fast:
             return self._commit_fast(batch, s, t_end, want_tokens)
@@ -613,7 +614,17 @@ class Scheduler:
                         seq.dgen = -2  # finished
                         finished.append(seq)
                         continue
-                    self._d_add(seq, False)
+                    # _d_add(seq, False), inlined: every request passes here once
+                    a = seq.comp - g
+                    seq.a = a
+                    self._gen = gen = self._gen + 1
+                    seq.dgen = gen
+                    self._cnt[a % bs] += 1
+                    self._sum_a += a
+                    self._n_dec += 1
+                    heapq.heappush(self._heap, (seq.lim - a - 1, gen, seq))
+                    if seq.order > self._d_max_order:
+                        self._d_max_order = seq.order
                 elif ntok - seq.comp == 1 and ntok > seq.plen:  # a recompute's last token is due
                     moved = True
                     self._d_add(seq, True)
