@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vllm_sim.catalog import GpuSpec, ModelSpec, load_gpu, load_model
-from vllm_sim.kv import KVCacheInfo, kv_cache_info, resolve_config
+from vllm_sim.catalog import GpuSpec, ModelSpec, load_gpu
+from vllm_sim.kv import KVCacheInfo, engine_model, kv_cache_info, resolve_config
 from vllm_sim.metrics import VllmMetrics, cache_config_labels
 from vllm_sim.scheduler import Batch, Scheduler, Seq
 from vllm_sim.steptime import CALIBRATION, Calibration, FloatArray, StepTimeModel
@@ -67,7 +67,7 @@ class Engine:
     ) -> None:
         self.config = config
         self.reality = reality or Reality()
-        self.model: ModelSpec = load_model(config.model)
+        self.model: ModelSpec = engine_model(config)
         self.gpu: GpuSpec = load_gpu(config.gpu)
         self.resolved: EngineConfig = resolve_config(config, self.model, self.gpu)
         self.kv: KVCacheInfo = kv_cache_info(self.resolved, self.model, self.gpu)
@@ -355,7 +355,7 @@ class Engine:
         t0 = self.now
         b = self.sched.schedule(t0)
         if b.n_tokens == 0:
-            dt = self.steptime._c_step
+            dt = self.steptime.idle_step_s
         else:
             dt = self.steptime.step_time(b.n_tokens, b.n_seqs, b.ctx_tokens, b.attn_pairs)
             if self.reality.step_jitter > 0:

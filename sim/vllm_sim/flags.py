@@ -90,7 +90,6 @@ _IGNORED_VALUE_FLAGS = (
     "--reasoning-parser",
     "--load-format",
     "--seed",
-    "--quantization",
     "--cpu-offload-gb",
     "--max-logprobs",
     "--api-key",
@@ -209,6 +208,7 @@ def add_engine_arguments(
     group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     group.add_argument("--max-model-len", type=max_model_len_value, default=None)
     group.add_argument("--kv-cache-dtype", default="auto")
+    group.add_argument("--quantization", "-q", default=None)
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
     group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
     group.add_argument("--block-size", type=int, default=None)
@@ -304,6 +304,7 @@ def engine_config_from(namespace: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=namespace.gpu_memory_utilization,
         max_model_len=namespace.max_model_len,
         kv_cache_dtype=namespace.kv_cache_dtype,
+        quantization=namespace.quantization,
         long_prefill_token_threshold=namespace.long_prefill_token_threshold,
         served_model_name=served,
         show_hidden_metrics_for_version=namespace.show_hidden_metrics_for_version,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_sim.catalog import load_model
 from vllm_sim.engine import Engine
 from vllm_sim.runs import Measured, Run, Stage, Workload
 from vllm_sim.steptime import Calibration, FloatArray
@@ -56,7 +57,12 @@ CLIENT = ClientModel()
 
 
 def engine_config(run: Run) -> EngineConfig:
+    """The run's server flags. Its weight precision is applied as `--quantization` only to an
+    unquantized checkpoint; a quantized config.json already says how its weights are stored."""
     k = run.knobs
+    quantization = run.quantization
+    if quantization is not None and load_model(run.model).quant.quantized:
+        quantization = None
     return EngineConfig(
         model=run.model,
         gpu=run.gpu,
@@ -67,6 +73,8 @@ def engine_config(run: Run) -> EngineConfig:
         max_model_len=k.max_model_len,
         block_size=k.block_size,
         enable_prefix_caching=k.enable_prefix_caching,
+        kv_cache_dtype=k.kv_cache_dtype,
+        quantization=quantization,
     )
 
 

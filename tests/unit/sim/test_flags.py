@@ -123,6 +123,13 @@ def test_unmodelled_and_unknown_flags_are_accepted_with_a_warning() -> None:
         assert flag in warning
 
 
+def test_quantization_is_modelled() -> None:
+    assert parse()[0].config.quantization is None
+    options, warning = parse("--quantization", "fp8")
+    assert options.config.quantization == "fp8" and "quantization" not in warning
+    assert parse("-q", "fp8")[0].config.quantization == "fp8"
+
+
 def test_shutdown_timeout_is_modelled_with_vllms_default_of_zero() -> None:
     assert parse()[0].shutdown_timeout == 0
     options, warning = parse("--shutdown-timeout", "30")
