@@ -38,6 +38,7 @@ DEFAULT_PARAMS = (
     "c_layer_s",
     "c_host_s",
     "c_seq_s",
+    "sampler_s_per_vocab",
     "allreduce_latency_s",
     "eta_link",
     "kv_tail_units_per_sm",

@@ -373,6 +373,9 @@ class GpuSpec:
     int8_ops: float = 0.0  # OP/s dense; 0: twice BF16
     boost_clock_ghz: float = 1.98
     l2_mib: float = 50.0
+    # Hopper and later stream GEMM operands with TMA into asynchronous warpgroup MMAs, so a
+    # kernel's loads and math overlap; Ampere and Ada issue synchronous MMAs behind cp.async.
+    async_mma: bool = True
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GpuSpec:
@@ -399,6 +402,7 @@ class GpuSpec:
             int8_ops=float(d.get("int8_tops", 0.0)) * 1e12 or 2.0 * bf16,
             boost_clock_ghz=float(d.get("boost_clock_ghz", 1.98)),
             l2_mib=float(d.get("l2_mib", 50.0)),
+            async_mma=bool(d.get("async_mma", True)),
         )
 
     @property
@@ -504,6 +508,7 @@ GPU_SPECS: dict[str, dict[str, Any]] = {
         "sm_count": 108,
         "boost_clock_ghz": 1.41,
         "l2_mib": 40,
+        "async_mma": False,
     },
     "A100-80GB": {
         "device_name": "NVIDIA A100-SXM4-80GB",
@@ -518,6 +523,7 @@ GPU_SPECS: dict[str, dict[str, Any]] = {
         "sm_count": 108,
         "boost_clock_ghz": 1.41,
         "l2_mib": 40,
+        "async_mma": False,
     },
     "H100": {
         "device_name": "NVIDIA H100 80GB HBM3",
@@ -558,6 +564,7 @@ GPU_SPECS: dict[str, dict[str, Any]] = {
         "sm_count": 142,
         "boost_clock_ghz": 2.52,
         "l2_mib": 96,
+        "async_mma": False,
     },
     "B200": {
         "device_name": "NVIDIA B200",

@@ -204,16 +204,20 @@ def replay(
     max_stage_s: float | None = None,
     progress: Callable[[float], None] | None = None,
     calibration: Calibration | None = None,
+    on_engine: Callable[[Engine], None] | None = None,
 ) -> ReplayResult:
     """Drive a fresh engine with the run's traffic, aborting requests the client gave up on.
 
     `progress` is called with the fraction of the run's virtual time done (for long runs);
-    `calibration` replaces the engine's step-time constants (for fitting them).
+    `calibration` replaces the engine's step-time constants (for fitting them); `on_engine` sees
+    the engine before it runs (to observe its steps).
     """
     t0 = time.perf_counter()
     stages = scaled_stages(run.workload, max_stage_s)
     requests = build_requests(run, seed, stages)
     engine = Engine(engine_config(run), seed=seed, record_itl=False, calibration=calibration)
+    if on_engine is not None:
+        on_engine(engine)
     for req in requests:
         engine.add_request(req)
     timeout = run.client_timeout_s

@@ -10,7 +10,10 @@ That covers every step in which the running requests get all the tokens they wan
 newest prefills are cut by the budget) and the KV cache has room. Any other step (the budget cuts
 an older request, or KV allocation fails and preemption starts) runs the general path: the
 running set is written out as numpy arrays in admission order, scheduled exactly as vLLM orders
-it (preempting the most recently admitted request), and read back. Blocks are accounted by count;
+it (preempting the most recently admitted request). Once there, the scheduler stays with the arrays
+(where KV pressure makes such steps frequent, building and reading them back each time would cost
+more than it saves) until a run of steps again needs nothing the lazy path lacks, then reads the
+arrays back into the lazy form. Blocks are accounted by count;
 only blocks that prefix caching can reuse carry a hash (shared-prefix blocks, and the full blocks
 of a preempted request, which its recompute can hit).
 """
@@ -189,6 +192,10 @@ class Batch:
     fast: bool = False  # scheduled on the lazy path (see the module doc)
     n_dec: int = 0  # fast path: decode-set requests, one token each
     chunks: list[tuple[Seq, int]] = field(default_factory=list)  # fast path: the others
+    # array path: > 0 when the first n_pure running rows all decode one token and every other
+    # row was admitted in this step (lets `commit` skip the general bookkeeping)
+    n_pure: int = 0
+    lazy_ok: bool = False  # array path: the lazy path could have scheduled this step
 
 
 @dataclass(slots=True)
@@ -215,6 +222,8 @@ _ROWS = 6
 
 
 _EMPTY = _empty_i()
+# Steps in a row that the lazy path could have taken before the arrays are read back into it.
+LAZY_AFTER_SIMPLE_STEPS = 16
 
 
 def _by_order(seq: Seq) -> int:
@@ -258,6 +267,7 @@ class Scheduler:
         self._odd: list[Seq] = []
         # The general path's arrays, valid between its schedule and commit only.
         self._general = False
+        self._simple_run = 0
         self._rows: list[Seq] = []
         self.st: IntArray = np.zeros((_ROWS, 0), dtype=np.int64)
 
@@ -286,7 +296,9 @@ class Scheduler:
                 seq.last_step = self._d_last
 
     def decode_ctx(self) -> int:
-        """KV tokens of the decode set before the next step."""
+        """KV tokens read by the running requests' next decode step."""
+        if self._general:
+            return int(np.add.reduce(self.st[C]))
         return self._sum_a + self._n_dec * self.G
 
     def _d_add(self, seq: Seq, odd: bool) -> None:
@@ -344,6 +356,8 @@ class Scheduler:
 
     def private_blocks_running(self) -> int:
         """Blocks held by running requests and not shared through the cache (for invariants)."""
+        if self._general:
+            return int(self.st[H].sum()) - sum(len(q.shared) for q in self._rows)
         total = 0
         for seq in self.running:
             self.sync(seq)
@@ -449,11 +463,13 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------
 
     def schedule(self, now: float) -> Batch:
-        if self.pure_decode_path:
+        if self.pure_decode_path and not self._general:
             batch = self._schedule_fast(now)
             if batch is not None:
                 return batch
-        return self._schedule_general(now)
+        if not self._general:
+            self._materialize()
+        return self._schedule_arrays(now)
 
     def _schedule_fast(self, now: float) -> Batch | None:
         """The lazy step, or None when it does not apply (then nothing was changed)."""
@@ -664,6 +680,7 @@ class Scheduler:
         self.st = np.array(cols, dtype=np.int64).T if cols else np.zeros((_ROWS, 0), dtype=np.int64)
         self._rows = rows
         self._general = True
+        self._simple_run = 0
         self._run = {}
         self._by_rid = {}
         self._pre = []
@@ -693,8 +710,9 @@ class Scheduler:
         self._rows = []
         self.st = np.zeros((_ROWS, 0), dtype=np.int64)
 
-    def _schedule_general(self, now: float) -> Batch:
-        self._materialize()
+    def _schedule_arrays(self, now: float) -> Batch:
+        """One step over the arrays, in vLLM's order (decodes and running prefills first, cut by
+        the budget in admission order, preempting from the tail when blocks run out)."""
         bs = self.bs
         budget = self.budget
         thr = self.thr if (self.thr > 0 and len(self._rows) + len(self.waiting) > 1) else 0
@@ -702,48 +720,75 @@ class Scheduler:
         all_active = True
         st = self.st
         n_old = st.shape[1]
+        n_pure = 0
+        ctx = 0
+        pairs = 0.0
         if n_old:
             comp = st[C]
             want = st[N] - comp
             if thr:
                 np.minimum(want, thr, out=want)
             n_run_tokens = int(np.add.reduce(want))
-            if n_run_tokens <= budget:
+            if n_run_tokens == n_old and n_old <= budget and self.pure_decode_path:
+                # Every running request decodes one token: a block is due where comp % bs == 0.
                 sched = want
+                due = comp % bs == 0
+                need = int(np.count_nonzero(due))
+                if need <= self.pool.num_free():
+                    self.pool.take(need)
+                    st[H] += due
+                    n_pure = n_old
+                    ctx = int(np.add.reduce(comp))
+                    pairs = float(ctx + n_old)
+                else:
+                    sched = self._schedule_running_sequential(want, preempted)
+                    n_run_tokens = int(np.add.reduce(sched))
+                    all_active = False
             else:
-                before = np.cumsum(want) - want
-                sched = np.minimum(want, np.maximum(budget - before, 0))
-                n_run_tokens = int(np.add.reduce(sched))
-                all_active = False
-            new_held = (comp + sched + (bs - 1)) // bs
-            need = int(np.add.reduce(new_held)) - int(np.add.reduce(st[H]))
-            if need <= self.pool.num_free():
-                self.pool.take(need)
-                st[H] = new_held
-            else:
-                sched = self._schedule_running_sequential(want, preempted)
-                n_run_tokens = int(np.add.reduce(sched))
-                all_active = False
+                if n_run_tokens <= budget:
+                    sched = want
+                else:
+                    before = np.cumsum(want) - want
+                    sched = np.minimum(want, np.maximum(budget - before, 0))
+                    n_run_tokens = int(np.add.reduce(sched))
+                    all_active = False
+                new_held = (comp + sched + (bs - 1)) // bs
+                need = int(np.add.reduce(new_held)) - int(np.add.reduce(st[H]))
+                if need <= self.pool.num_free():
+                    self.pool.take(need)
+                    st[H] = new_held
+                else:
+                    sched = self._schedule_running_sequential(want, preempted)
+                    n_run_tokens = int(np.add.reduce(sched))
+                    all_active = False
             budget_left = budget - n_run_tokens
         else:
             sched = _empty_i()
             n_run_tokens = 0
             budget_left = budget
+        lazy_ok = all_active and not preempted
         admitted: list[Seq] = []
         hits_tokens: list[int] = []
+        chunks: list[int] = []
         if not preempted:
             admitted, hits_tokens, chunks = self._admit(budget_left, len(self._rows), now)
+        n_tokens = n_run_tokens
+        if n_pure or not n_old:
+            # Admitted chunks: context = their cache hits, pairs = chunk x (hits + (chunk+1)/2).
+            n_seqs = n_old + len(admitted)
+            for c0, ch in zip(hits_tokens, chunks, strict=True):
+                ctx += c0
+                pairs += ch * (c0 + (ch + 1) / 2.0)
+                n_tokens += ch
             if admitted:
                 self._append_running(admitted)
                 sched = np.concatenate([sched, np.asarray(chunks, dtype=np.int64)])
-        if not n_old:  # only admissions: the formula of the lazy path, for identical results
-            ctx = sum(hits_tokens)
-            pairs = 0.0
-            for c0, ch in zip(hits_tokens, sched.tolist(), strict=True):
-                pairs += ch * (c0 + (ch + 1) / 2.0)
-            n_tokens = int(sched.sum())
-            return Batch(n_tokens, len(admitted), ctx, pairs, admitted, hits_tokens, [], sched)
-        n_tokens = n_run_tokens + int(sched[n_old:].sum()) if admitted else n_run_tokens
+            return Batch(n_tokens, n_seqs, ctx, pairs, admitted, hits_tokens, preempted, sched,
+                         n_pure=n_pure, lazy_ok=lazy_ok)  # fmt: skip
+        if admitted:
+            self._append_running(admitted)
+            sched = np.concatenate([sched, np.asarray(chunks, dtype=np.int64)])
+            n_tokens += sum(chunks)
         comp = self.st[C]
         if all_active:
             n_seqs = int(sched.size)
@@ -753,7 +798,8 @@ class Scheduler:
             n_seqs = int(np.count_nonzero(active))
             ctx = int(np.dot(comp, active))
         pairs = float(np.dot(sched, comp)) + (float(np.dot(sched, sched)) + n_tokens) / 2.0
-        return Batch(n_tokens, n_seqs, ctx, pairs, admitted, hits_tokens, preempted, sched)
+        return Batch(n_tokens, n_seqs, ctx, pairs, admitted, hits_tokens, preempted, sched,
+                     lazy_ok=lazy_ok)  # fmt: skip
 
     def _append_running(self, seqs: list[Seq]) -> None:
         for seq in seqs:
@@ -835,8 +881,13 @@ class Scheduler:
         return sched
 
     def _commit_general(self, batch: Batch, s: int, t_end: float, want_tokens: bool) -> StepOutcome:
-        out = self._commit_arrays(batch, s, t_end, want_tokens)
-        self._read_back(s)
+        if batch.n_pure:
+            out = self._commit_pure(batch, s, t_end, want_tokens)
+        else:
+            out = self._commit_arrays(batch, s, t_end, want_tokens)
+        self._simple_run = self._simple_run + 1 if batch.lazy_ok else 0
+        if self.pure_decode_path and self._simple_run >= LAZY_AFTER_SIMPLE_STEPS:
+            self._read_back(s)
         return out
 
     def _commit_arrays(self, batch: Batch, s: int, t_end: float, want_tokens: bool) -> StepOutcome:
@@ -906,6 +957,78 @@ class Scheduler:
                 self._remove(done)
         return StepOutcome(m, gap, n_regular, odd, first_tokens, finished, token_seqs, token_index)
 
+    def _commit_pure(self, batch: Batch, s: int, t_end: float, want_tokens: bool) -> StepOutcome:
+        """Array `commit` when the old rows all decoded one token and the rest were admitted."""
+        st = self.st
+        rows = self._rows
+        n = batch.n_pure
+        old = st[:, :n]
+        old[C] += 1
+        last = old[S]
+        n_regular = int(np.count_nonzero(last == s - 1))
+        gap = t_end - float(self._times[s - 1]) if s > 0 else 0.0
+        odd: list[float] = []
+        token_seqs: list[Seq] = []
+        token_index: list[int] = []
+        if want_tokens:
+            token_seqs.extend(rows[:n])
+            token_index.extend((old[N] - old[P]).tolist())
+        first_tokens: list[Seq] = []
+        if n_regular < n:  # a last prompt token, or after a starved step or a recompute
+            for j in np.flatnonzero(last != s - 1).tolist():
+                seq = rows[j]
+                if old[N, j] == old[P, j]:
+                    seq.first_token_time = t_end
+                    seq.runs = [s]
+                    first_tokens.append(seq)
+                    continue
+                ls = int(last[j])
+                odd.append(t_end - float(self._times[ls]))
+                if self.record_itl:
+                    seq.runs.append(ls)
+                    seq.runs.append(s)
+        old[N] += 1
+        old[S] = s
+        produced = n
+        total = st.shape[1]
+        if total > n:  # admitted this step: prefill chunks
+            sched = batch.sched
+            st[C, n:] += sched[n:]
+            for j in range(n, total):
+                if self.caching and sched[j] > 1:
+                    rows[j].comp = int(st[C, j])
+                    self._register_prefix_blocks(rows[j])
+                if st[C, j] == st[N, j]:
+                    seq = rows[j]
+                    produced += 1
+                    if want_tokens:
+                        token_seqs.append(seq)
+                        token_index.append(int(st[N, j] - st[P, j]))
+                    if st[N, j] == st[P, j]:  # first token
+                        seq.first_token_time = t_end
+                        seq.runs = [s]
+                        first_tokens.append(seq)
+                    else:  # a recompute that caught up
+                        ls = int(st[S, j])
+                        odd.append(t_end - float(self._times[ls]))
+                        if self.record_itl:
+                            seq.runs.append(ls)
+                            seq.runs.append(s)
+                    st[N, j] += 1
+                    st[S, j] = s
+        finished: list[Seq] = []
+        done = np.flatnonzero(st[N] >= st[L]).tolist()
+        if done:
+            for j in done:
+                seq = rows[j]
+                self._sync_out(j, seq)
+                self._free_blocks(seq, keep_hashes=False)
+                finished.append(seq)
+            self._remove(done)
+        return StepOutcome(
+            produced, gap, n_regular, odd, first_tokens, finished, token_seqs, token_index
+        )
+
     def _register_prefix_blocks(self, seq: Seq) -> None:
         """Cache the shared-prefix blocks a prefill chunk just completed (seq.comp is current)."""
         if len(seq.shared) >= seq.n_prefix_blocks:
@@ -920,6 +1043,68 @@ class Scheduler:
 
     # ---- skip-ahead over pure-decode stretches -----------------------------------------------
 
+    def _array_stretch_limit(self) -> int:
+        """decode_stretch_limit over the arrays."""
+        st = self.st
+        n = st.shape[1]
+        if not n or n > self.budget:
+            return 0
+        k = int((st[L] - st[N]).min()) - 1
+        if k < 2:
+            return 0
+        if int(np.add.reduce(st[N] - st[C])) != n:  # every row wants >= 1: all exactly 1
+            return 0
+        if int((st[N] - st[P]).min()) < 1:
+            return 0  # someone's last prompt token is due: its first token is not a decode
+        if n < self.budget and self.head_admissible():
+            return 0
+        free = self.pool.num_free()
+
+        def needed(steps: int) -> int:
+            return int(np.add.reduce((st[C] + steps + (self.bs - 1)) // self.bs)) - int(
+                np.add.reduce(st[H])
+            )
+
+        if needed(k) <= free:
+            return k
+        lo, hi = 0, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if needed(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _array_commit_stretch(self, ends: FloatArray) -> tuple[float, int, list[float]]:
+        k = int(ends.size)
+        s0 = self.step_index
+        self._grow_times(s0 + k)
+        self._times[s0 : s0 + k] = ends
+        self.step_index += k
+        st = self.st
+        new_held = (st[C] + k + (self.bs - 1)) // self.bs
+        self.pool.take(int(np.add.reduce(new_held)) - int(np.add.reduce(st[H])))
+        st[H] = new_held
+        last = st[S]
+        regular = last == s0 - 1
+        n_regular = int(np.count_nonzero(regular))
+        odd: list[float] = []
+        if n_regular < last.size:
+            for j, ls in zip(
+                np.flatnonzero(~regular).tolist(), last[~regular].tolist(), strict=True
+            ):
+                odd.append(float(ends[0]) - float(self._times[ls]))
+                if self.record_itl:
+                    seq = self._rows[j]
+                    seq.runs.append(ls)
+                    seq.runs.append(s0)
+        gap = float(ends[0]) - float(self._times[s0 - 1]) if s0 > 0 else 0.0
+        st[C] += k
+        st[N] += k
+        st[S] = s0 + k - 1
+        return gap, n_regular, odd
+
     def decode_stretch_limit(self) -> int:
         """How many pure-decode steps can run before anything but decoding happens.
 
@@ -927,6 +1112,8 @@ class Scheduler:
         admitted. The bound stops one step before the first finish, and where the blocks the
         stretch allocates would exceed the free ones (so no preemption can happen inside it).
         """
+        if self._general:
+            return self._array_stretch_limit()
         if self._pre:
             return 0
         n = len(self._run)
@@ -981,6 +1168,8 @@ class Scheduler:
 
     def commit_decode_stretch(self, ends: FloatArray) -> tuple[float, int, list[float]]:
         """Apply len(ends) pure-decode steps; returns the first step's gaps like StepOutcome."""
+        if self._general:
+            return self._array_commit_stretch(ends)
         k = int(ends.size)
         s0 = self.step_index
         self._grow_times(s0 + k)
@@ -998,6 +1187,14 @@ class Scheduler:
         return gap, n_regular, odd
 
     def abort(self, request_id: str) -> Seq | None:
+        if self._general:
+            for j, seq in enumerate(self._rows):
+                if seq.rid == request_id:
+                    self._sync_out(j, seq)
+                    self._free_blocks(seq, keep_hashes=False)
+                    self._remove([j])
+                    return seq
+            return self._abort_waiting(request_id)
         seq = self._by_rid.get(request_id)
         if seq is not None:
             if seq.dgen >= 0:
@@ -1008,6 +1205,9 @@ class Scheduler:
             self._leave(seq)
             self._free_blocks(seq, keep_hashes=False)
             return seq
+        return self._abort_waiting(request_id)
+
+    def _abort_waiting(self, request_id: str) -> Seq | None:
         for seq in self.waiting:
             if seq.rid == request_id:
                 self.waiting.remove(seq)

@@ -18,6 +18,7 @@ FloatArray = npt.NDArray[np.float64]
 
 
 REF_CLOCK_GHZ = 1.98  # H100 SXM boost: c_layer_s is a time at this clock
+REF_SM_COUNT = 132
 
 
 @dataclass(frozen=True)
@@ -33,30 +34,38 @@ class Calibration:
     """
 
     # Weights and KV stream at these fractions of the GPU's *achievable* bandwidth.
-    eta_bw_weights: float = 0.97
-    eta_bw_kv: float = 0.90
+    eta_bw_weights: float = 1.0
+    eta_bw_kv: float = 1.0
     # Decode attention runs one work unit per (sequence, KV head of this rank) and layer, without
     # splitting the context once there are enough units to fill the GPU (FlashAttention's
     # split-KV heuristic). A few long units per SM leave the tail of every attention kernel to a
     # handful of SMs, which costs about this many units' worth of streaming per SM: KV reads run
     # at eta_bw_kv * u / (u + kv_tail_units_per_sm * SMs), u = seqs x KV heads per rank (at
     # least the tail itself, where the split heuristic takes over, so never below half).
-    kv_tail_units_per_sm: float = 0.4
+    kv_tail_units_per_sm: float = 0.82
     # GEMMs and attention at this fraction of the tensor-core peak of their type.
-    eta_mfu: float = 0.7
-    # A GEMM streams its weights and multiplies them in a pipeline that does not hide all of the
-    # shorter of the two at low arithmetic intensity: this fraction of it shows (0: a perfect
-    # roofline, 1: no overlap). It is what makes a decode step's cost per extra sequence follow
-    # the GPU's compute (A100, L40S) rather than its bandwidth.
-    gemm_overlap_loss: float = 0.5
+    eta_mfu: float = 0.75
+    # A GEMM streams its weights and multiplies them in a pipeline; this fraction of the shorter
+    # of the two does not hide behind the longer (0: a perfect roofline, 1: no overlap). On GPUs
+    # with asynchronous MMAs fed by TMA (GpuSpec.async_mma: Hopper, Blackwell) it is fitted;
+    # Ampere and Ada wait on their synchronous MMAs, so there it is 1. That is what makes a decode
+    # step's cost per extra sequence follow those GPUs' compute rather than their bandwidth.
+    gemm_overlap_loss: float = 0.0
     # GPU time of the small kernels of one layer (norms, RoPE, activation, cache writes, graph
     # launch) that do not depend on the batch, at REF_CLOCK_GHZ; scales with 1/clock.
-    c_layer_s: float = 12e-6
+    c_layer_s: float = 21e-6
     # Host: scheduling, input preparation, sampling bookkeeping per step and per sequence.
-    c_host_s: float = 0.45e-3
-    c_seq_s: float = 17e-6
-    allreduce_latency_s: float = 14e-6  # per all-reduce (two per layer) when TP > 1
-    eta_link: float = 0.25  # achieved / peak interconnect bandwidth in MB-sized all-reduces
+    c_host_s: float = 0.47e-3
+    c_seq_s: float = 2.9e-6
+    # Sampling with the model's default top-p/top-k (vLLM applies the checkpoint's
+    # generation_config, and instruct models ship one) sorts every sequence's logits over the
+    # whole vocabulary (radix-sort passes over fp32 keys and int64 indices, softmax, cumulative
+    # sum). A sequence's logits (vocab x 4 B, ~0.5 MB) stay in L2, so the passes run at the
+    # SMs' rate, not DRAM's: seconds per sequence and vocabulary entry on an H100 (132 SMs at
+    # REF_CLOCK_GHZ), scaled by the GPU's SMs x clock.
+    sampler_s_per_vocab: float = 0.19e-9
+    allreduce_latency_s: float = 13.7e-6  # per all-reduce (two per layer) when TP > 1
+    eta_link: float = 0.37  # achieved / peak interconnect bandwidth in MB-sized all-reduces
     # API server to engine core (tokenization, IPC) before a request can be scheduled: part of
     # TTFT, not of queue time. The measured TTFT is client-side, so it also holds HTTP and
     # streaming; only the sum with the client overhead is identified.
@@ -112,12 +121,13 @@ class StepTimeModel:
         self._s_per_pair = (
             4.0 * model.num_hidden_layers * model.num_attention_heads * model.head_dim / tp
         ) / bf16_rate
-        self._loss = cal.gemm_overlap_loss
+        self._loss = cal.gemm_overlap_loss if gpu.async_mma else 1.0
         self._fixed = (
             cal.c_host_s
             + cal.c_layer_s * model.num_hidden_layers * REF_CLOCK_GHZ / gpu.boost_clock_ghz
         )
-        self._c_seq = cal.c_seq_s
+        on_chip = gpu.sm_count * gpu.boost_clock_ghz / (REF_SM_COUNT * REF_CLOCK_GHZ)
+        self._c_seq = cal.c_seq_s + cal.sampler_s_per_vocab * model.vocab_size / on_chip
         n_ar = 2 * model.num_hidden_layers if tp > 1 else 0
         self._fixed += n_ar * cal.allreduce_latency_s
         link = gpu.interconnect_bandwidth * cal.eta_link
@@ -163,17 +173,30 @@ class StepTimeModel:
         gpu = mem + self._loss * comp if mem > comp else comp + self._loss * mem
         return gpu + self._fixed + self._c_seq * n_seqs + self._ar_per_token * n_tokens
 
+    def step_times(
+        self, n_tokens: FloatArray, n_seqs: FloatArray, ctx_tokens: FloatArray, pairs: FloatArray
+    ) -> FloatArray:
+        """step_time over arrays of steps (the skip-ahead path and the constants' fitting)."""
+        kv_s = self._kv_per_token_s * np.ones_like(n_seqs)
+        tail = self._kv_tail_units
+        if tail > 0:
+            units = np.maximum(n_seqs * self._kv_heads, tail)
+            kv_s = kv_s * (1.0 + tail / units)
+        if self._moe:
+            values, index = np.unique(n_tokens, return_inverse=True)
+            weights = np.array([self.weight_time(float(v)) for v in values])[index]
+        else:
+            weights = np.full(n_tokens.shape, self._dense_weight_s)
+        mem = weights + kv_s * (ctx_tokens + n_tokens)
+        comp = self._s_per_token * n_tokens + self._s_per_logit * n_seqs + self._s_per_pair * pairs
+        gpu = np.maximum(mem, comp) + self._loss * np.minimum(mem, comp)
+        out: FloatArray = gpu + self._fixed + self._c_seq * n_seqs + self._ar_per_token * n_tokens
+        return out
+
     def decode_times(self, n_seqs: int, ctx0: float, steps: int) -> FloatArray:
         """`steps` consecutive pure-decode steps of `n_seqs` requests whose contexts sum to
         `ctx0` at the first step and grow by one token each per step (the skip-ahead path)."""
-        i = np.arange(steps, dtype=np.float64)
-        ctx = ctx0 + i * n_seqs
-        kv_s = self._kv_per_token_s * self.kv_slowdown(n_seqs)
-        mem = self.weight_time(n_seqs) + kv_s * (ctx + n_seqs)
+        ctx = ctx0 + np.arange(steps, dtype=np.float64) * n_seqs
+        n = np.full(steps, float(n_seqs))
         # Decode attention: one query per request against its context plus itself.
-        comp = (self._s_per_token + self._s_per_logit) * n_seqs + self._s_per_pair * (ctx + n_seqs)
-        loss = self._loss
-        gpu = np.maximum(mem, comp) + loss * np.minimum(mem, comp)
-        fixed = self._fixed + self._c_seq * n_seqs + self._ar_per_token * n_seqs
-        out: FloatArray = gpu + fixed
-        return out
+        return self.step_times(n, n, ctx, ctx + n_seqs)
