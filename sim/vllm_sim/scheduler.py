@@ -1188,12 +1188,12 @@ class Scheduler:
 
     def abort(self, request_id: str) -> Seq | None:
         if self._general:
-            for j, seq in enumerate(self._rows):
-                if seq.rid == request_id:
-                    self._sync_out(j, seq)
-                    self._free_blocks(seq, keep_hashes=False)
+            for j, row in enumerate(self._rows):
+                if row.rid == request_id:
+                    self._sync_out(j, row)
+                    self._free_blocks(row, keep_hashes=False)
                     self._remove([j])
-                    return seq
+                    return row
             return self._abort_waiting(request_id)
         seq = self._by_rid.get(request_id)
         if seq is not None:
