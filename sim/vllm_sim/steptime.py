@@ -7,7 +7,9 @@ moves, so the model must keep both terms and never beat either physical floor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -17,8 +19,17 @@ from vllm_sim.catalog import BF16, GpuSpec, ModelSpec
 FloatArray = npt.NDArray[np.float64]
 
 
+def _physics_digest() -> str:
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    for name in ("steptime.py", "catalog.py", "kv.py", "scheduler.py", "engine.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
 REF_CLOCK_GHZ = 1.98  # H100 SXM boost: c_layer_s is a time at this clock
 REF_SM_COUNT = 132
+REF_BW_PER_SM = 3.05e12 / REF_SM_COUNT  # H100 SXM: achievable bytes/s per SM (its KV-tail unit)
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,9 @@ class Calibration:
     # handful of SMs, which costs about this many units' worth of streaming per SM: KV reads run
     # at eta_bw_kv * u / (u + kv_tail_units_per_sm * SMs), u = seqs x KV heads per rank (at
     # least the tail itself, where the split heuristic takes over, so never below half).
-    kv_tail_units_per_sm: float = 0.82
+    # The value is for an SM with an H100's share of the bandwidth; a GPU whose SMs each have a
+    # smaller share (GDDR6 L40S: 0.22 of it) fills it with proportionally fewer units.
+    kv_tail_units_per_sm: float = 1.025
     # GEMMs and attention at this fraction of the tensor-core peak of their type.
     eta_mfu: float = 0.75
     # A GEMM streams its weights and multiplies them in a pipeline; this fraction of the shorter
@@ -56,14 +69,14 @@ class Calibration:
     c_layer_s: float = 21e-6
     # Host: scheduling, input preparation, sampling bookkeeping per step and per sequence.
     c_host_s: float = 0.47e-3
-    c_seq_s: float = 2.9e-6
+    c_seq_s: float = 3.6e-6
     # Sampling with the model's default top-p/top-k (vLLM applies the checkpoint's
     # generation_config, and instruct models ship one) sorts every sequence's logits over the
     # whole vocabulary (radix-sort passes over fp32 keys and int64 indices, softmax, cumulative
     # sum). A sequence's logits (vocab x 4 B, ~0.5 MB) stay in L2, so the passes run at the
     # SMs' rate, not DRAM's: seconds per sequence and vocabulary entry on an H100 (132 SMs at
     # REF_CLOCK_GHZ), scaled by the GPU's SMs x clock.
-    sampler_s_per_vocab: float = 0.19e-9
+    sampler_s_per_vocab: float = 0.24e-9
     allreduce_latency_s: float = 13.7e-6  # per all-reduce (two per layer) when TP > 1
     eta_link: float = 0.37  # achieved / peak interconnect bandwidth in MB-sized all-reduces
     # API server to engine core (tokenization, IPC) before a request can be scheduled: part of
@@ -72,6 +85,10 @@ class Calibration:
     c_frontend_s: float = 4e-3
     # Fused-MoE expert GEMMs may run below the dense MFU; their FLOPs are divided by this.
     eta_moe: float = 1.0
+    # A digest of the simulator's physics sources (step time, GPU and model catalog, KV sizing,
+    # scheduler, engine): part of the constants, so that anything keyed on them (bench/tuning's
+    # oracle cache) also sees a change of the formulas or of a GPU's numbers.
+    physics: str = field(default_factory=lambda: _physics_digest(), repr=False)
 
 
 CALIBRATION = Calibration()
@@ -108,7 +125,12 @@ class StepTimeModel:
         self._w_bw = w_bw
         self._kv_per_token_s = kv_bytes_per_token / kv_bw
         self._kv_heads = model.kv_heads_per_rank(tp)
-        self._kv_tail_units = cal.kv_tail_units_per_sm * gpu.sm_count
+        # Little's law: an SM needs bandwidth x latency bytes in flight to keep its share of the
+        # memory busy, and one attention unit keeps a bounded number in flight; so the tail, in
+        # units per SM, grows with the SM's share of the bandwidth (GDDR6 L40S: 0.22 of an
+        # H100 SM's share, A100-80GB 0.72).
+        share = gpu.achievable_bandwidth / gpu.sm_count / REF_BW_PER_SM
+        self._kv_tail_units = cal.kv_tail_units_per_sm * gpu.sm_count * share
         # GEMM FLOPs per token on the tensor cores of the quantization's type; experts apart.
         kind = model.quant.compute if model.quant.quantized else BF16
         gemm_rate = eta * gpu.peak_flops(kind)
