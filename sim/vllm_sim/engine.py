@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,60 @@ class StepStats:
     blocks_used: int
     blocks_total: int
     skipped_ahead: bool = False
+
+
+class _Arrivals:
+    """Requests not yet visible to the scheduler, by (visible at, order): a deque for the usual
+    in-order arrivals (O(1) at both ends) and a heap for the few that come out of order (a
+    request added during a long step becomes visible at `now`). Indexing [0] is the earliest."""
+
+    __slots__ = ("h", "q")
+
+    def __init__(self) -> None:
+        self.q: deque[tuple[float, int, Seq]] = deque()
+        self.h: list[tuple[float, int, Seq]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.q) or bool(self.h)
+
+    def __len__(self) -> int:
+        return len(self.q) + len(self.h)
+
+    def __iter__(self) -> Iterator[tuple[float, int, Seq]]:
+        yield from self.q
+        yield from self.h
+
+    def __getitem__(self, i: int) -> tuple[float, int, Seq]:
+        assert i == 0
+        q, h = self.q, self.h
+        if h and (not q or h[0] < q[0]):
+            return h[0]
+        return q[0]
+
+    def push(self, item: tuple[float, int, Seq]) -> None:
+        q = self.q
+        if not q or item >= q[-1]:
+            q.append(item)
+        else:
+            heapq.heappush(self.h, item)
+
+    def pop(self) -> tuple[float, int, Seq]:
+        q, h = self.q, self.h
+        if h and (not q or h[0] < q[0]):
+            return heapq.heappop(h)
+        return q.popleft()
+
+    def remove(self, rid: str) -> Seq | None:
+        for i, (_, _, p) in enumerate(self.q):
+            if p.rid == rid:
+                del self.q[i]
+                return p
+        for i, (_, _, p) in enumerate(self.h):
+            if p.rid == rid:
+                self.h.pop(i)
+                heapq.heapify(self.h)
+                return p
+        return None
 
 
 class Engine:
@@ -99,7 +154,7 @@ class Engine:
         self.record_itl = record_itl
         self.on_step: Callable[[StepStats], None] | None = None
         self.now = 0.0
-        self._pending: list[tuple[float, int, Seq]] = []  # (visible at, order, seq)
+        self._pending = _Arrivals()  # (visible at, order, seq)
         self._order = 0
         self._ids: set[str] = set()
         self._finished: list[RequestRecord] = []
@@ -150,7 +205,7 @@ class Engine:
         self._ids.add(req.request_id)
         visible = max(req.arrival_time + self.frontend_delay, self.now)
         seq.queued_at = visible
-        heapq.heappush(self._pending, (visible, self._order, seq))
+        self._pending.push((visible, self._order, seq))
         self._order += 1
 
     def abort_request(self, request_id: str) -> None:
@@ -161,12 +216,7 @@ class Engine:
             return
         seq = self.sched.abort(request_id)
         if seq is None:
-            for i, (_, _, p) in enumerate(self._pending):
-                if p.rid == request_id:
-                    seq = p
-                    self._pending.pop(i)
-                    heapq.heapify(self._pending)
-                    break
+            seq = self._pending.remove(request_id)
         if seq is not None:
             self._finish(seq, "abort", max(self.now, seq.arrival))
 
@@ -329,10 +379,16 @@ class Engine:
         cutoff = self.now
         if self._async and self._prev_end >= cutoff and self.sched.has_work():
             cutoff = self._prev_start
-        if pending[0][0] <= cutoff:
+        q = pending.q
+        if pending.h:
+            if pending[0][0] <= cutoff:
+                waiting = self.sched.waiting
+                while pending and pending[0][0] <= cutoff:
+                    waiting.append(pending.pop()[2])
+        elif q[0][0] <= cutoff:
             waiting = self.sched.waiting
-            while pending and pending[0][0] <= cutoff:
-                waiting.append(heapq.heappop(pending)[2])
+            while q and q[0][0] <= cutoff:
+                waiting.append(q.popleft()[2])
 
     def _jitter(self, first_step: int, n: int) -> FloatArray:
         """Multiplicative log-normal noise with mean 1, drawn per step index (in blocks, in
@@ -507,7 +563,8 @@ class Engine:
         itl: list[float] = []
         first = seq.first_token_time
         if self.record_itl and first is not None:
-            itl = np.diff(self.sched.token_times(seq)).tolist()
+            times = self.sched.token_times(seq)
+            itl = (times[1:] - times[:-1]).tolist()
         out_len = seq.ntok - seq.plen
         arrival = seq.arrival
         rec = RequestRecord(

@@ -222,6 +222,8 @@ _ROWS = 6
 
 
 _EMPTY = _empty_i()
+_NO_SEQS: list[Seq] = []  # never appended to (see _commit_fast)
+_NO_INTS: list[int] = []
 # Steps in a row that the lazy path could have taken before the arrays are read back into it.
 LAZY_AFTER_SIMPLE_STEPS = 16
 
@@ -369,6 +371,9 @@ class Scheduler:
         runs = [*seq.runs, seq.last_step] if len(seq.runs) % 2 else seq.runs
         if not runs:
             return np.zeros(0)
+        if len(runs) == 2:  # one run (never preempted): a copy of a slice
+            out1: FloatArray = self._times[runs[0] : runs[1] + 1].copy()
+            return out1
         idx = np.concatenate([np.arange(runs[i], runs[i + 1] + 1) for i in range(0, len(runs), 2)])
         out: FloatArray = self._times[idx]
         return out
@@ -566,8 +571,9 @@ class Scheduler:
         odd: list[tuple[int, float]] = []
         first_tokens: list[Seq] = []
         finished: list[Seq] = []
-        token_seqs: list[Seq] = []
-        token_index: list[int] = []
+        # Only filled when asked for; shared empty lists otherwise (fewer allocations per step).
+        token_seqs: list[Seq] = [] if want_tokens else _NO_SEQS
+        token_index: list[int] = [] if want_tokens else _NO_INTS
         n_dec = b.n_dec
         produced = n_regular = n_dec
         self._d_last = s  # every member makes a token in this step
