@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_sim.runs import RunsFileError, calibration_runs_path, load_runs, parse_runs
+from vllm_sim.runs import (
+    RunsFileError,
+    calibration_runs_path,
+    check_runs_path,
+    fit_runs_paths,
+    load_runs,
+    parse_runs,
+)
 
 
 def minimal() -> dict[str, Any]:
@@ -161,11 +168,20 @@ def test_kv_cache_dtype_and_weight_precision_reach_the_replayed_engine() -> None
 
 
 def test_every_shipped_runs_file_parses_and_fit_and_check_sets_are_disjoint() -> None:
-    from vllm_sim.runs import check_runs_path, fit_runs_paths
-
     fit = {r.id for f in fit_runs_paths() for r in load_runs(f)}
     check = {r.id for r in load_runs(check_runs_path())}
     assert fit and check and not fit & check
     gpus = {r.gpu for r in load_runs(check_runs_path())}
     assert {"A100-80GB", "L40S", "H100"} <= gpus
     assert {r.gpu for f in fit_runs_paths() for r in load_runs(f)} == {"H100"}
+
+
+def test_fit_and_check_sets_are_disjoint_and_split_by_gpu() -> None:
+    """docs/fidelity.md, "Fit and check": no run (by id or by source row) is in both sets, the
+    fit set is H100 only, and every other GPU's runs are held out."""
+    fit = [r for p in fit_runs_paths() for r in load_runs(p)]
+    check = load_runs(check_runs_path())
+    assert {r.id for r in fit}.isdisjoint({r.id for r in check})
+    assert {r.source for r in fit}.isdisjoint({r.source for r in check})
+    assert {r.gpu for r in fit} == {"H100"}
+    assert {"A100-80GB", "L40S"} <= {r.gpu for r in check}
