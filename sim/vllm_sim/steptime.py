@@ -59,10 +59,13 @@ class Calibration:
     # GEMMs and attention at this fraction of the tensor-core peak of their type.
     eta_mfu: float = 0.75
     # A GEMM streams its weights and multiplies them in a pipeline; this fraction of the shorter
-    # of the two does not hide behind the longer (0: a perfect roofline, 1: no overlap). On GPUs
-    # with asynchronous MMAs fed by TMA (GpuSpec.async_mma: Hopper, Blackwell) it is fitted;
-    # Ampere and Ada wait on their synchronous MMAs, so there it is 1. That is what makes a decode
-    # step's cost per extra sequence follow those GPUs' compute rather than their bandwidth.
+    # of the two does not hide behind the longer (0: a perfect roofline, 1: no overlap), scaled
+    # by the memory's share of the step. On GPUs with asynchronous MMAs fed by TMA
+    # (GpuSpec.async_mma: Hopper, Blackwell) it is fitted; Ampere and Ada wait on their
+    # synchronous MMAs, so there it is 1: a memory-bound step (decode) exposes its math in full,
+    # which makes its cost per extra sequence follow those GPUs' compute rather than their
+    # bandwidth, while a compute-bound one (a long prefill chunk) hides its weight loads in the
+    # multistage copy pipeline, as the GEMM microbenchmarks behind eta_mfu measure them.
     gemm_overlap_loss: float = 0.0
     # GPU time of the small kernels of one layer (norms, RoPE, activation, cache writes, graph
     # launch) that do not depend on the batch, at REF_CLOCK_GHZ; scales with 1/clock.
@@ -192,7 +195,9 @@ class StepTimeModel:
             + self._s_per_logit * n_seqs
             + self._s_per_pair * attn_pairs
         )
-        gpu = mem + self._loss * comp if mem > comp else comp + self._loss * mem
+        # The shorter term is exposed in the memory's share of the step (gemm_overlap_loss).
+        lo = comp if mem > comp else mem
+        gpu = (mem if mem > comp else comp) + self._loss * lo * mem / (mem + comp)
         return gpu + self._fixed + self._c_seq * n_seqs + self._ar_per_token * n_tokens
 
     def step_times(
@@ -211,7 +216,7 @@ class StepTimeModel:
             weights = np.full(n_tokens.shape, self._dense_weight_s)
         mem = weights + kv_s * (ctx_tokens + n_tokens)
         comp = self._s_per_token * n_tokens + self._s_per_logit * n_seqs + self._s_per_pair * pairs
-        gpu = np.maximum(mem, comp) + self._loss * np.minimum(mem, comp)
+        gpu = np.maximum(mem, comp) + self._loss * np.minimum(mem, comp) * mem / (mem + comp)
         out: FloatArray = gpu + self._fixed + self._c_seq * n_seqs + self._ar_per_token * n_tokens
         return out
 
