@@ -1,8 +1,14 @@
-"""How many simulated seconds vllm-sim's engine runs per wall-clock second.
+"""How many simulated seconds vllm-sim's engine runs per wall-clock second, on one core.
 
-Goal (vllm-sim issue): >= 1000x real time for Llama-3.1-8B on H100 with a chat workload at
-saturation, for Llama-3.1-70B TP4 on H100, and with 1024 concurrent sequences.
-Run: .venv/bin/python bench/sim_speed.py [--requests N] [--profile]
+Goal: >= 2000x real time for Llama-3.1-8B on H100 with a chat workload at saturation (the
+highest rate the engine still keeps up with: 36 req/s with the current step-time model, where
+~400 requests run, a few wait and none is preempted; at 37 the queue grows without bound over
+20,000 requests), same outputs for the same seed. Measured as a
+server runs the engine: metrics on (they always are), per-request ITL lists off; `--itl`
+records them as bench/tuning's methods do. The other cases watch the regimes around it: 70B
+TP4 past saturation (KV pressure, preemption, the scheduler's array path), a quarter of
+capacity (long pure-decode stretches), and 1024 concurrent sequences.
+Run: .venv/bin/python bench/sim_speed.py [--requests N] [--repeat N] [--itl] [--profile]
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class Case:
 CASES = [
     Case("Llama-3.1-8B H100 TP1, chat at saturation",
          EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_model_len=8192),
-         rate=45.0),
+         rate=36.0),
     Case("Llama-3.1-70B H100 TP4, chat at saturation",
          EngineConfig(model="meta-llama/Llama-3.1-70B-Instruct", gpu="H100",
                       tensor_parallel_size=4, max_model_len=8192),
@@ -67,7 +73,7 @@ CASES = [
 ]  # fmt: skip
 
 
-def run_case(case: Case, n: int, record_itl: bool) -> None:
+def run_case(case: Case, n: int, record_itl: bool) -> float:
     max_prompt = (case.config.max_model_len or 8192) - 1000
     reqs = chat_workload(n, case.rate, prompt_mean=case.prompt_mean,
                          output_mean=case.output_mean, max_prompt=max_prompt)  # fmt: skip
@@ -89,21 +95,25 @@ def run_case(case: Case, n: int, record_itl: bool) -> None:
         f"{len(eng.sched.waiting)} waiting at the end, {eng.sched.step_index} steps "
         f"({wall / max(eng.sched.step_index, 1) * 1e6:.0f} us/step), {tput:.0f} output tok/s"
     )
+    return sim / cpu
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--requests", type=int, default=6000)
-    ap.add_argument("--no-itl", action="store_true", help="record_itl=False (the server's mode)")
+    ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--itl", action="store_true", help="record per-request ITL lists")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per case; the best is reported")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     for case in CASES:
         if args.profile:
             prof = cProfile.Profile()
-            prof.runcall(run_case, case, args.requests, not args.no_itl)
+            prof.runcall(run_case, case, args.requests, args.itl)
             pstats.Stats(prof).sort_stats("tottime").print_stats(12)
-        else:
-            run_case(case, args.requests, not args.no_itl)
+            continue
+        best = max(run_case(case, args.requests, args.itl) for _ in range(args.repeat))
+        if args.repeat > 1:
+            print(f"  best of {args.repeat}: {best:.0f}x real time per CPU second")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.fidelity.report import compare, fit_client_overhead, markdown, to_json
+from bench.fidelity.sweeps import find_sweeps, sweep_points
+from bench.fidelity.sweeps import markdown as sweeps_markdown
 from vllm_sim.replay import CLIENT, replay
-from vllm_sim.runs import calibration_runs_path, load_runs
+from vllm_sim.runs import fit_runs_paths, load_runs
 from vllm_sim.steptime import CALIBRATION
 
 QUICK_STAGE_S = 150.0
@@ -21,7 +23,11 @@ QUICK_STAGE_S = 150.0
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fidelity", description=__doc__)
     p.add_argument(
-        "runs_files", nargs="*", type=Path, help="runs files (default: the H100 calibration set)"
+        "runs_files",
+        nargs="*",
+        type=Path,
+        help="runs files (default: the fit set, calibration-h100*.yaml; check.yaml holds the "
+        "runs never fitted on)",
     )
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "vllm-sim-fidelity")
     p.add_argument("--seed", type=int, default=0)
@@ -59,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         calibration = replace(CALIBRATION, **{k: float(v) for k, v in overrides.items()})
         print(f"calibration: {calibration}", file=sys.stderr)
-    files = args.runs_files or [calibration_runs_path()]
+    files = args.runs_files or fit_runs_paths()
     runs = [r for f in files for r in load_runs(f) if args.only in r.id]
     if not runs:
         print("no runs selected", file=sys.stderr)
@@ -87,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fitted client overhead: {client.overhead_s * 1e3:.1f} ms", file=sys.stderr)
     reports = [compare(replace(r, client=client)) for r in results]
     md = markdown(reports, client, args.seed, args.quick)
+    by_id = {r.run.id: replace(r, client=client) for r in results}
+    sweeps = find_sweeps(r.run for r in results)
+    if sweeps:
+        points = [p for s in sweeps for p in sweep_points(s, by_id)]
+        md += "\nKnob sweeps (measured vs simulated change against the group's baseline):\n\n"
+        md += sweeps_markdown(points) + "\n"
     print(md)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity.md").write_text(md)

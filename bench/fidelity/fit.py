@@ -20,25 +20,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import multiprocessing
 import sys
 import time
 from pathlib import Path
 
 from vllm_sim.replay import CLIENT, replay
-from vllm_sim.runs import Run, calibration_runs_path, load_runs
+from vllm_sim.runs import Run, fit_runs_paths, load_runs
 from vllm_sim.steptime import CALIBRATION, Calibration
 
 QUICK_STAGE_S = 150.0
 DEFAULT_PARAMS = (
     "eta_bw_weights",
     "eta_bw_kv",
-    "c_step_s",
+    "eta_mfu",
+    "gemm_overlap_loss",
+    "c_layer_s",
+    "c_host_s",
     "c_seq_s",
+    "sampler_s_per_vocab",
     "allreduce_latency_s",
     "eta_link",
     "kv_tail_units_per_sm",
 )
-CAPPED_AT_ONE = {"eta_bw_weights", "eta_bw_kv", "eta_mfu", "eta_link", "eta_moe"}
+CAPPED_AT_ONE = {"eta_bw_weights", "eta_bw_kv", "eta_mfu", "eta_link", "eta_moe",
+                 "gemm_overlap_loss"}  # fmt: skip
 
 
 def _log_err(sim: float | None, measured: float | None) -> float | None:
@@ -77,6 +83,10 @@ def objective(runs: list[Run], cal: Calibration, seed: int, quick: bool) -> floa
     return score
 
 
+def _score(args: tuple[list[Run], Calibration, int, bool]) -> float:
+    return objective(*args)
+
+
 def fit(
     runs: list[Run],
     start: Calibration,
@@ -84,32 +94,51 @@ def fit(
     rounds: int,
     seed: int,
     quick: bool,
+    jobs: int = 1,
 ) -> tuple[Calibration, float]:
+    """Coordinate descent; with jobs > 1 every move of a round is evaluated at once (in worker
+    processes) and the best one taken."""
     best = start
     t0 = time.perf_counter()
     best_score = objective(runs, best, seed, quick)
     print(f"start: {best_score:.4f} ({time.perf_counter() - t0:.0f} s/eval)", file=sys.stderr)
     step = 1.25
-    for rnd in range(rounds):
-        improved = False
-        for name in params:
-            for direction in (step, 1 / step):
-                value = getattr(best, name) * direction
-                if name in CAPPED_AT_ONE:
-                    value = min(value, 1.0)
-                if value == getattr(best, name):
-                    continue
-                cand = dataclasses.replace(best, **{name: value})
-                score = objective(runs, cand, seed, quick)
-                if score < best_score - 1e-5:
-                    best, best_score, improved = cand, score, True
-                    print(f"  {name} = {value:.6g}: {score:.4f}", file=sys.stderr)
+    pool = multiprocessing.Pool(jobs) if jobs > 1 else None
+    try:
+        for rnd in range(rounds):
+            moves = []
+            for name in params:
+                for direction in (step, 1 / step):
+                    value = getattr(best, name) * direction
+                    if name in CAPPED_AT_ONE:
+                        value = min(value, 1.0)
+                    if value != getattr(best, name):
+                        moves.append((name, value))
+            if pool is None:
+                improved = False
+                for name, value in moves:
+                    cand = dataclasses.replace(best, **{name: value})
+                    score = objective(runs, cand, seed, quick)
+                    if score < best_score - 1e-5:
+                        best, best_score, improved = cand, score, True
+                        print(f"  {name} = {value:.6g}: {score:.4f}", file=sys.stderr)
+                        break
+            else:
+                cands = [dataclasses.replace(best, **{n: v}) for n, v in moves]
+                scores = pool.map(_score, [(runs, c, seed, quick) for c in cands])
+                i = min(range(len(scores)), key=scores.__getitem__)
+                improved = scores[i] < best_score - 1e-5
+                if improved:
+                    best, best_score = cands[i], scores[i]
+                    print(f"  {moves[i][0]} = {moves[i][1]:.6g}: {best_score:.4f}", file=sys.stderr)
+            print(f"round {rnd + 1} (step x{step:.3f}): {best_score:.4f}", file=sys.stderr)
+            if not improved:
+                step = math.sqrt(step)
+                if step < 1.02:
                     break
-        print(f"round {rnd + 1} (step x{step:.3f}): {best_score:.4f}", file=sys.stderr)
-        if not improved:
-            step = math.sqrt(step)
-            if step < 1.02:
-                break
+    finally:
+        if pool is not None:
+            pool.close()
     return best, best_score
 
 
@@ -120,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes for the moves of a round")
     p.add_argument("--only", default="", help="fit on runs whose id contains this text")
     p.add_argument(
         "--set",
@@ -128,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         help="start from these Calibration values (a field at 0 never moves: give it a start)",
     )
     args = p.parse_args(argv)
-    files = args.runs_files or [calibration_runs_path()]
+    files = args.runs_files or fit_runs_paths()
     runs = [r for f in files for r in load_runs(f) if args.only in r.id]
     params = tuple(x for x in args.params.split(",") if x)
     unknown = [x for x in params if not hasattr(CALIBRATION, x)]
@@ -143,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown Calibration fields: {', '.join(bad)}", file=sys.stderr)
             return 2
         start = dataclasses.replace(CALIBRATION, **overrides)
-    best, score = fit(runs, start, params, args.rounds, args.seed, args.quick)
+    best, score = fit(runs, start, params, args.rounds, args.seed, args.quick, args.jobs)
     print(f"objective {score:.4f} (mean |log error|); fitted on {len(runs)} runs of {files}")
     print(repr(best))
     return 0

@@ -13,8 +13,10 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from vllm_sim.kv import engine_model
 from vllm_sim.replay import ClientModel, ReplayResult, SegmentStats
 from vllm_sim.runs import Measured, Run
+from vllm_sim.types import EngineConfig
 
 # (column, metric attribute, statistic) in table order.
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -71,6 +73,19 @@ class RunReport:
     kv_blocks: Cell | None
     wall_s: float
     rows: list[Row]
+    arch: str = ""
+
+
+def architecture(model: str, tp: int, quantization: str | None) -> str:
+    """A run's architecture class: dense or MoE (with shared experts), attention kind, weight
+    precision, TP degree."""
+    m = engine_model(EngineConfig(model=model, quantization=quantization))
+    kind = "MoE" if m.is_moe else "dense"
+    if m.shared_expert_intermediate_size:
+        kind += "+shared"
+    attn = "MHA" if m.num_key_value_heads == m.num_attention_heads else "GQA"
+    weights = m.quant.method if m.quant.quantized else "bf16"
+    return f"{kind} {attn} {weights} TP{tp}"
 
 
 def _sim_value(s: SegmentStats, attr: str, stat: str) -> float | None:
@@ -120,6 +135,7 @@ def compare(result: ReplayResult) -> RunReport:
         kv_blocks=kv,
         wall_s=result.wall_s,
         rows=rows,
+        arch=architecture(run.model, run.tp, run.quantization),
     )
 
 
@@ -216,7 +232,15 @@ def markdown(reports: list[RunReport], client: ClientModel, seed: int, quick: bo
                 + " | ".join(_cell(row.cells.get(c)) for c in cols)
                 + f" | {row.ok}/{row.sent}{meas_ok} |"
             )
-    lines += ["", summary_markdown(reports)]
+    lines += [
+        "",
+        summary_markdown(reports),
+        "",
+        "Per GPU:",
+        "",
+        group_markdown(reports, "gpu", "GPU"),
+    ]
+    lines += ["", "Per architecture:", "", group_markdown(reports, "arch", "architecture")]
     return "\n".join(lines) + "\n"
 
 
@@ -252,6 +276,57 @@ def summary_markdown(reports: list[RunReport]) -> str:
     return "\n".join(lines)
 
 
+# Per-group goals of the GPU-transfer work: median |error| and median signed error (bias).
+GROUP_GOALS = {"TTFT mean": 0.10, "TPOT mean": 0.07, "E2E mean": 0.07}
+BIAS_GOAL = 0.03
+
+
+def group_errors(
+    reports: list[RunReport], key: str
+) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """Per group (`key`: "gpu" or "arch"): metric -> (median |error|, median signed error, n) over
+    the steady per-stage points, assumed-rate ones included (every off-H100 run has them)."""
+    errs: dict[str, dict[str, list[float]]] = {}
+    for rep in reports:
+        group = str(getattr(rep, key))
+        for row in rep.rows:
+            if not row.stage_point or row.overloaded:
+                continue
+            for col in GROUP_GOALS:
+                cell = row.cells.get(col)
+                if cell is not None and cell.error is not None:
+                    errs.setdefault(group, {}).setdefault(col, []).append(cell.error)
+    return {
+        g: {
+            col: (statistics.median(abs(e) for e in v), statistics.median(v), len(v))
+            for col, v in cols.items()
+        }
+        for g, cols in sorted(errs.items())
+    }
+
+
+def group_markdown(reports: list[RunReport], key: str, title: str) -> str:
+    cols = list(GROUP_GOALS)
+    lines = [
+        f"| {title} | points | "
+        + " | ".join(f"{c} median abs (goal {GROUP_GOALS[c]:.0%}) / bias" for c in cols)
+        + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
+    for group, by_col in group_errors(reports, key).items():
+        n = max(v[2] for v in by_col.values())
+        cells = []
+        for c in cols:
+            if c not in by_col:
+                cells.append("")
+                continue
+            med, bias, _ = by_col[c]
+            ok = med <= GROUP_GOALS[c] and abs(bias) <= BIAS_GOAL
+            cells.append(f"{med * 100:.1f}% / {bias * 100:+.1f}%{'' if ok else ' (missed)'}")
+        lines.append(f"| {group} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def to_json(reports: list[RunReport], client: ClientModel, seed: int, quick: bool) -> Any:
     def enc(rep: RunReport) -> dict[str, Any]:
         d = asdict(rep)
@@ -273,5 +348,7 @@ def to_json(reports: list[RunReport], client: ClientModel, seed: int, quick: boo
         "median_abs_error_assumed_rates": {
             k: {"median": m, "points": n} for k, (m, n) in median_errors(reports, True).items()
         },
+        "per_gpu": group_errors(reports, "gpu"),
+        "per_architecture": group_errors(reports, "arch"),
         "runs": [enc(r) for r in reports],
     }

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from vllm_sim.catalog import GpuSpec, ModelSpec, load_gpu, load_model
-from vllm_sim.kv import KVCacheInfo, kv_cache_info, resolve_config
+from vllm_sim.catalog import GpuSpec, ModelSpec, load_gpu
+from vllm_sim.kv import KVCacheInfo, engine_model, kv_cache_info, resolve_config
 from vllm_sim.metrics import VllmMetrics, cache_config_labels
 from vllm_sim.scheduler import Batch, Scheduler, Seq
 from vllm_sim.steptime import CALIBRATION, Calibration, FloatArray, StepTimeModel
@@ -53,6 +54,60 @@ class StepStats:
     skipped_ahead: bool = False
 
 
+class _Arrivals:
+    """Requests not yet visible to the scheduler, by (visible at, order): a deque for the usual
+    in-order arrivals (O(1) at both ends) and a heap for the few that come out of order (a
+    request added during a long step becomes visible at `now`). Indexing [0] is the earliest."""
+
+    __slots__ = ("h", "q")
+
+    def __init__(self) -> None:
+        self.q: deque[tuple[float, int, Seq]] = deque()
+        self.h: list[tuple[float, int, Seq]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.q) or bool(self.h)
+
+    def __len__(self) -> int:
+        return len(self.q) + len(self.h)
+
+    def __iter__(self) -> Iterator[tuple[float, int, Seq]]:
+        yield from self.q
+        yield from self.h
+
+    def __getitem__(self, i: int) -> tuple[float, int, Seq]:
+        assert i == 0
+        q, h = self.q, self.h
+        if h and (not q or h[0] < q[0]):
+            return h[0]
+        return q[0]
+
+    def push(self, item: tuple[float, int, Seq]) -> None:
+        q = self.q
+        if not q or item >= q[-1]:
+            q.append(item)
+        else:
+            heapq.heappush(self.h, item)
+
+    def pop(self) -> tuple[float, int, Seq]:
+        q, h = self.q, self.h
+        if h and (not q or h[0] < q[0]):
+            return heapq.heappop(h)
+        return q.popleft()
+
+    def remove(self, rid: str) -> Seq | None:
+        for i, (_, _, p) in enumerate(self.q):
+            if p.rid == rid:
+                del self.q[i]
+                return p
+        for i, (_, _, p) in enumerate(self.h):
+            if p.rid == rid:
+                self.h.pop(i)
+                heapq.heapify(self.h)
+                return p
+        return None
+
+
 class Engine:
     """A vLLM V1 engine in virtual time (API in the task brief; see module doc)."""
 
@@ -67,7 +122,7 @@ class Engine:
     ) -> None:
         self.config = config
         self.reality = reality or Reality()
-        self.model: ModelSpec = load_model(config.model)
+        self.model: ModelSpec = engine_model(config)
         self.gpu: GpuSpec = load_gpu(config.gpu)
         self.resolved: EngineConfig = resolve_config(config, self.model, self.gpu)
         self.kv: KVCacheInfo = kv_cache_info(self.resolved, self.model, self.gpu)
@@ -92,12 +147,14 @@ class Engine:
         )
         self.metrics.gauge_provider = self._gauges
         self.fast = fast
+        self._caching = self.resolved.enable_prefix_caching
+        self._async = config.async_scheduling
         # Seconds from arrival until the scheduler can see a request (Calibration.c_frontend_s).
         self.frontend_delay = (calibration or CALIBRATION).c_frontend_s
         self.record_itl = record_itl
         self.on_step: Callable[[StepStats], None] | None = None
         self.now = 0.0
-        self._pending: list[tuple[float, int, Seq]] = []  # (visible at, order, seq)
+        self._pending = _Arrivals()  # (visible at, order, seq)
         self._order = 0
         self._ids: set[str] = set()
         self._finished: list[RequestRecord] = []
@@ -112,6 +169,9 @@ class Engine:
         self._sigma = math.sqrt(math.log1p(self.reality.step_jitter**2))
         self._crash_at: float | None = None
         self._crashed = False
+        # vLLM's shutdown (--shutdown-timeout): see begin_drain.
+        self._drain_start: float | None = None
+        self._drain_deadline: float | None = None
         r = self.reality
         if (
             r.oom_above_utilization is not None
@@ -137,11 +197,15 @@ class Engine:
             )
         if not math.isfinite(req.arrival_time):
             raise ValueError("arrival_time must be finite")
-        self._ids.add(req.request_id)
         seq = Seq(req, self.max_model_len, self.resolved.block_size, req.arrival_time)
+        if self._drain_start is not None and req.arrival_time >= self._drain_start:
+            # vLLM's EngineCore._reject_add_in_shutdown: finished at once as aborted.
+            self._finish(seq, "abort", max(self.now, req.arrival_time))
+            return
+        self._ids.add(req.request_id)
         visible = max(req.arrival_time + self.frontend_delay, self.now)
         seq.queued_at = visible
-        heapq.heappush(self._pending, (visible, self._order, seq))
+        self._pending.push((visible, self._order, seq))
         self._order += 1
 
     def abort_request(self, request_id: str) -> None:
@@ -152,17 +216,50 @@ class Engine:
             return
         seq = self.sched.abort(request_id)
         if seq is None:
-            for i, (_, _, p) in enumerate(self._pending):
-                if p.rid == request_id:
-                    seq = p
-                    self._pending.pop(i)
-                    heapq.heapify(self._pending)
-                    break
+            seq = self._pending.remove(request_id)
         if seq is not None:
             self._finish(seq, "abort", max(self.now, seq.arrival))
 
     def has_unfinished(self) -> bool:
-        return bool(self._pending or self.sched.running or self.sched.waiting)
+        return bool(self._pending or self.sched.has_work())
+
+    def begin_drain(self, timeout_s: float, at: float | None = None) -> None:
+        """Shut down as vLLM does on SIGTERM with `--shutdown-timeout timeout_s`.
+
+        From virtual time `at` (default: now) the engine admits nothing new: a request arriving
+        at or after it is finished at once with finish reason "abort", as vLLM's EngineCore
+        rejects adds during shutdown (`vllm/v1/engine/core.py`, `_reject_add_in_shutdown`).
+        Requests that arrived before it keep being served. With `timeout_s` 0 they are all
+        aborted at once (vLLM's default); otherwise they run until `at + timeout_s`, and
+        whatever is unfinished then is aborted at the first step boundary at or after that
+        deadline (vLLM kills the engine process at the deadline; the difference is at most the
+        step in progress). `drained` tells when nothing is left; calling it again only ever
+        brings the deadline forward.
+        """
+        if timeout_s < 0 or not math.isfinite(timeout_s):
+            raise ValueError(f"shutdown timeout must be a finite number >= 0, got {timeout_s}")
+        start = self.now if at is None else at
+        deadline = start + timeout_s
+        if self._drain_start is None or start < self._drain_start:
+            self._drain_start = start
+        if self._drain_deadline is None or deadline < self._drain_deadline:
+            self._drain_deadline = deadline
+        self._drain_check()
+
+    @property
+    def draining(self) -> bool:
+        """True once begin_drain was called (the engine then refuses new requests)."""
+        return self._drain_start is not None
+
+    @property
+    def drained(self) -> bool:
+        """True once draining and every request that was in flight has finished or aborted."""
+        return self._drain_start is not None and not self.has_unfinished()
+
+    @property
+    def drain_deadline(self) -> float | None:
+        """Virtual time at which a drain aborts what is still unfinished (None: no drain)."""
+        return self._drain_deadline
 
     def pop_finished(self) -> list[RequestRecord]:
         out, self._finished = self._finished, []
@@ -181,13 +278,17 @@ class Engine:
         if self._inflight is not None:
             nxt = self._inflight[2]
         else:
+            self._drain_check()
             self._release_arrivals()
-            if self.sched.running or self.sched.waiting:
+            if self.sched.has_work():
                 self._begin_step()
                 assert self._inflight is not None
                 nxt = self._inflight[2]
             elif self._pending:
                 nxt = max(self.now, self._pending[0][0])
+                deadline = self._drain_deadline
+                if deadline is not None and nxt > deadline:
+                    nxt = max(self.now, deadline)  # the drain aborts them before they are seen
         if crash is not None:
             return crash if nxt is None else min(nxt, crash)
         return nxt
@@ -203,8 +304,10 @@ class Engine:
                     break
                 self._end_step(on_tokens)
                 continue
+            if self._drain_deadline is not None:
+                self._drain_check()
             self._release_arrivals()
-            if not (self.sched.running or self.sched.waiting):
+            if not self.sched.has_work():
                 if not self._pending:
                     break
                 nxt = self._pending[0][0]
@@ -215,14 +318,17 @@ class Engine:
                 continue
             if self.now >= t:
                 break
-            self._check_crash(self.now)
-            if self.fast and on_tokens is None and self._skip_ahead(t):
+            if self._crash_at is not None:
+                self._check_crash(self.now)
+            if self.fast and on_tokens is None and not self.sched._pre and self._skip_ahead(t):
                 continue
             self._begin_step()
             self._end_step(on_tokens)
         if self.now < t < math.inf:
             self._check_crash(t)
             self.now = t
+        if self._drain_deadline is not None:
+            self._drain_check()
 
     def run(self, requests: Iterable[Request]) -> list[RequestRecord]:
         for req in sorted(requests, key=lambda r: r.arrival_time):
@@ -232,6 +338,16 @@ class Engine:
         return self.pop_finished()
 
     # ---- steps ------------------------------------------------------------------------------
+
+    def _drain_check(self) -> None:
+        """Between steps, once the drain deadline has come: abort everything unfinished."""
+        deadline = self._drain_deadline
+        if deadline is None or self.now < deadline or self._inflight is not None:
+            return
+        ids = [s.rid for s in self.sched.running] + [s.rid for s in self.sched.waiting]
+        ids += [p[2].rid for p in sorted(self._pending)]
+        for rid in ids:
+            self.abort_request(rid)
 
     def _check_crash(self, t: float) -> None:
         if self._crashed or (self._crash_at is not None and t >= self._crash_at):
@@ -251,11 +367,7 @@ class Engine:
         started, if the engine was busy; an idle engine picks work up at once.
         """
         sched = self.sched
-        if (
-            self.config.async_scheduling
-            and (sched.running or sched.waiting)
-            and self._prev_end >= self.now
-        ):
+        if self.config.async_scheduling and sched.has_work() and self._prev_end >= self.now:
             return self._prev_start
         return self.now
 
@@ -263,9 +375,20 @@ class Engine:
         pending = self._pending
         if not pending:
             return
-        cutoff = self._arrival_cutoff()
-        while pending and pending[0][0] <= cutoff:
-            self.sched.waiting.append(heapq.heappop(pending)[2])
+        # _arrival_cutoff, inlined: this runs before every step.
+        cutoff = self.now
+        if self._async and self._prev_end >= cutoff and self.sched.has_work():
+            cutoff = self._prev_start
+        q = pending.q
+        if pending.h:
+            if pending[0][0] <= cutoff:
+                waiting = self.sched.waiting
+                while pending and pending[0][0] <= cutoff:
+                    waiting.append(pending.pop()[2])
+        elif q[0][0] <= cutoff:
+            waiting = self.sched.waiting
+            while q and q[0][0] <= cutoff:
+                waiting.append(q.popleft()[2])
 
     def _jitter(self, first_step: int, n: int) -> FloatArray:
         """Multiplicative log-normal noise with mean 1, drawn per step index (in blocks, in
@@ -288,7 +411,7 @@ class Engine:
         t0 = self.now
         b = self.sched.schedule(t0)
         if b.n_tokens == 0:
-            dt = self.steptime._c_step
+            dt = self.steptime.idle_step_s
         else:
             dt = self.steptime.step_time(b.n_tokens, b.n_seqs, b.ctx_tokens, b.attn_pairs)
             if self.reality.step_jitter > 0:
@@ -303,12 +426,13 @@ class Engine:
         b, t0, t_end = self._inflight
         self._inflight = None
         m = self.metrics
-        if self.resolved.enable_prefix_caching:
+        if b.admitted and self._caching:
+            queries = m.prefix_rows  # observe_prefix_query, buffered
             for seq, hit in zip(b.admitted, b.hits, strict=True):
                 if not seq.queried:
                     seq.queried = True
                     seq.cached_tokens = hit
-                    m.observe_prefix_query(seq.ntok, hit)
+                    queries.append((seq.ntok, hit))
         if b.preempted:
             m.num_preemptions.inc(len(b.preempted))
         want_tokens = on_tokens is not None
@@ -316,18 +440,25 @@ class Engine:
         self.now = t_end
         if b.n_tokens:
             m.iteration_tokens.observe(b.n_tokens)
-        m.generation_tokens.inc(out.n_generated)
+        m.generation_tokens.values[""] += out.n_generated
         if out.n_regular:
-            m.observe_itl_repeated(out.regular_gap, out.n_regular)
+            if m.tpot_hidden:
+                m.observe_itl_repeated(out.regular_gap, out.n_regular)
+            else:
+                m.itl.observe_repeated(out.regular_gap, out.n_regular)
         if out.odd_gaps:
             m.observe_itl(np.asarray(out.odd_gaps))
-        for seq in out.first_tokens:
-            m.ttft.observe(t_end - seq.arrival)
-            m.observe_prompt_done(seq.plen, seq.cached_tokens)
-        finished_ids: set[str] = set()
+        if out.first_tokens:
+            firsts = m.first_rows  # observe_first_token, inlined
+            for seq in out.first_tokens:
+                firsts.append((t_end - seq.arrival, seq.plen, seq.cached_tokens))
+            if len(firsts) >= 4096:
+                m.flush()
         for seq in out.finished:
-            finished_ids.add(seq.rid)
             self._finish(seq, "length", t_end)
+        finished_ids: set[str] = set()
+        if out.finished and (want_tokens or self._deferred_aborts):
+            finished_ids = {seq.rid for seq in out.finished}
         if want_tokens and out.token_seqs:
             assert on_tokens is not None
             events = [
@@ -351,7 +482,7 @@ class Engine:
 
     def _stats(self, index: int, t0: float, t1: float, b: Batch | None, skipped: bool) -> StepStats:
         pool = self.sched.pool
-        n_running = len(self.sched.running)
+        n_running = self.sched.n_running
         return StepStats(
             index=index,
             start=t0,
@@ -372,11 +503,16 @@ class Engine:
     def _skip_ahead(self, t: float) -> bool:
         """Run a stretch of pure-decode steps in one go; False when no stretch of 2+ fits."""
         sched = self.sched
+        pending = self._pending
+        if pending and pending[0][0] <= self.now and not sched.waiting:
+            d = sched.n_running
+            if d < sched.mns and d < sched.budget:
+                return False  # an arrival would join the second step (see below)
         k = sched.decode_stretch_limit()
         if k < 2:
             return False
-        d = len(sched.running)
-        ctx0 = float(np.add.reduce(sched.comp))
+        d = sched.n_running
+        ctx0 = float(sched.decode_ctx())
         dts = self.steptime.decode_times(d, ctx0, k)
         if self.reality.step_jitter > 0:
             dts = dts * self._jitter(sched.step_index, k)
@@ -386,6 +522,8 @@ class Engine:
         limit = t
         if self._crash_at is not None:
             limit = min(limit, self._crash_at)
+        if self._drain_deadline is not None:
+            limit = min(limit, self._drain_deadline)
         k = min(k, int(np.searchsorted(starts, limit, side="left")))
         # An arrival can join this stretch's steps only if step 2 could admit it. It is seen
         # by the first step starting at or after it, or (async scheduling) by the first step
@@ -423,47 +561,43 @@ class Engine:
 
     def _finish(self, seq: Seq, reason: str, t: float) -> None:
         itl: list[float] = []
-        if self.record_itl and seq.first_token_time is not None:
-            itl = np.diff(self.sched.token_times(seq)).tolist()
-        out_len = seq.output_len
+        first = seq.first_token_time
+        if self.record_itl and first is not None:
+            times = self.sched.token_times(seq)
+            itl = (times[1:] - times[:-1]).tolist()
+        out_len = seq.ntok - seq.plen
+        arrival = seq.arrival
         rec = RequestRecord(
-            request_id=seq.rid,
-            arrival_time=seq.arrival,
-            prompt_len=seq.plen,
-            output_len=out_len,
-            max_tokens=seq.max_tokens,
-            first_scheduled_time=seq.first_scheduled,
-            first_token_time=seq.first_token_time,
-            finish_time=t,
-            finish_reason=reason,
-            cached_tokens=seq.cached_tokens,
-            num_preemptions=seq.num_preemptions,
-            itl=itl,
-        )
+            seq.rid, arrival, seq.plen, out_len, seq.max_tokens, seq.first_scheduled, first, t,
+            reason, seq.cached_tokens, seq.num_preemptions, itl,
+        )  # fmt: skip
         self._finished.append(rec)
         self._ids.discard(seq.rid)  # only in-flight ids must be unique
-        sched_t = seq.first_scheduled if seq.first_scheduled is not None else t
-        first_t = seq.first_token_time if seq.first_token_time is not None else t
-        last_t = self.sched.step_end_time(seq.last_step) if seq.first_token_time is not None else t
-        self.metrics.observe_finished(
-            reason=reason,
-            e2e=t - seq.arrival,
-            queue=max(0.0, sched_t - seq.queued_at),
-            prefill=first_t - sched_t,
-            decode=last_t - first_t,
-            inference=last_t - sched_t,
-            tpot=rec.tpot,
-            prompt_len=seq.plen,
-            output_len=out_len,
-            max_tokens=seq.max_tokens,
-            cached=seq.cached_tokens,
-            preemptions=seq.num_preemptions,
-        )
+        sched_t = seq.first_scheduled
+        if sched_t is None:
+            sched_t = t
+        if first is None:
+            first = last = t
+            tpot = 0.0
+        else:
+            last = float(self.sched._times[seq.last_step])
+            tpot = (t - first) / (out_len - 1) if out_len > 1 else 0.0
+        queue = sched_t - seq.queued_at
+        m = self.metrics
+        success = m.request_success.values
+        success[reason] = success.get(reason, 0.0) + 1
+        m.finished_rows.append(
+            (t - arrival, queue if queue > 0.0 else 0.0, first - sched_t, last - first,
+             last - sched_t, tpot, seq.plen, out_len, out_len, seq.max_tokens, 1,
+             seq.plen - seq.cached_tokens, seq.num_preemptions)
+        )  # fmt: skip
+        if len(m.finished_rows) >= 4096:
+            m.flush()
 
     # ---- introspection ------------------------------------------------------------------------
 
     def _gauges(self) -> tuple[int, int, float]:
-        return len(self.sched.running), len(self.sched.waiting), self.sched.pool.usage()
+        return self.sched.n_running, len(self.sched.waiting), self.sched.pool.usage()
 
     def _cache_config_fields(self) -> list[tuple[str, object]]:
         """CacheConfig.__dict__ of vLLM 0.33 in declaration order (vLLM config/cache.py). Fields the

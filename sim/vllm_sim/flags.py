@@ -60,6 +60,13 @@ def _fraction(value: str) -> float:
     return number
 
 
+def _non_negative_int(value: str) -> int:
+    number = human_readable_int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
 def _positive_float(value: str) -> float:
     number = float(value)
     if number <= 0.0:
@@ -83,7 +90,6 @@ _IGNORED_VALUE_FLAGS = (
     "--reasoning-parser",
     "--load-format",
     "--seed",
-    "--quantization",
     "--cpu-offload-gb",
     "--max-logprobs",
     "--api-key",
@@ -97,7 +103,6 @@ _IGNORED_VALUE_FLAGS = (
     "--num-gpu-blocks-override",
     "--kv-cache-memory-bytes",
     "--stream-interval",
-    "--shutdown-timeout",
     "--watermark",
     "--max-cudagraph-capture-size",
     "--compilation-config",
@@ -203,6 +208,7 @@ def add_engine_arguments(
     group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     group.add_argument("--max-model-len", type=max_model_len_value, default=None)
     group.add_argument("--kv-cache-dtype", default="auto")
+    group.add_argument("--quantization", "-q", default=None)
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
     group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
     group.add_argument("--block-size", type=int, default=None)
@@ -251,6 +257,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server flags")
     group.add_argument("--host", default=None, help="address to listen on (default: all)")
     group.add_argument("--port", type=int, default=8000)
+    group.add_argument(
+        "--shutdown-timeout",
+        type=_non_negative_int,
+        default=0,
+        help="seconds to finish in-flight requests after SIGTERM; 0 aborts them at once "
+        "(vLLM's default), N > 0 refuses new requests and drains for up to N seconds",
+    )
 
 
 def ignored_flags(namespace: argparse.Namespace, unknown: Sequence[str]) -> list[str]:
@@ -291,6 +304,7 @@ def engine_config_from(namespace: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=namespace.gpu_memory_utilization,
         max_model_len=namespace.max_model_len,
         kv_cache_dtype=namespace.kv_cache_dtype,
+        quantization=namespace.quantization,
         long_prefill_token_threshold=namespace.long_prefill_token_threshold,
         served_model_name=served,
         show_hidden_metrics_for_version=namespace.show_hidden_metrics_for_version,
@@ -323,6 +337,8 @@ class ServeOptions:
     seed: int = 0
     crash_exit_code: int = 1
     disable_log_stats: bool = False
+    # vLLM's --shutdown-timeout, in wall seconds (see SimServer.drain).
+    shutdown_timeout: int = 0
     ignored: list[str] = field(default_factory=list)
 
 
@@ -375,5 +391,6 @@ def parse_serve_args(
         seed=namespace.sim_seed,
         crash_exit_code=namespace.sim_crash_exit_code,
         disable_log_stats=namespace.disable_log_stats,
+        shutdown_timeout=namespace.shutdown_timeout,
         ignored=ignored,
     )

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from vllm_sim.catalog import GiB, GpuSpec, ModelSpec, ceil_div
+from vllm_sim.catalog import GiB, GpuSpec, ModelSpec, ceil_div, load_model, quantization_from_flag
 from vllm_sim.types import EngineConfig, StartupError
 
 MiB = 1 << 20
@@ -64,6 +64,27 @@ class KVCacheInfo:
     def usable_blocks(self) -> int:
         """One block is the permanent null block (vLLM kv_cache_planning.py)."""
         return self.num_gpu_blocks - 1
+
+
+def engine_model(cfg: EngineConfig) -> ModelSpec:
+    """The model as the engine loads it: its config.json, quantized at load time when
+    `--quantization fp8` asks for it (vLLM refuses a method that contradicts the checkpoint)."""
+    model = load_model(cfg.model)
+    flag = cfg.quantization
+    if not flag:
+        return model
+    if model.quant.quantized:
+        if flag.lower() not in model.quant.method:
+            raise StartupError(
+                f"Quantization method specified in the model config ({model.quant.method}) does "
+                f"not match the quantization method specified in the `quantization` argument "
+                f"({flag})."
+            )
+        return model
+    try:
+        return dataclasses.replace(model, quant=quantization_from_flag(flag))
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model: ModelSpec) -> int:

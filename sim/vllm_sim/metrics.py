@@ -1,24 +1,50 @@
 """vLLM's Prometheus metrics, with its names, labels and buckets, cheap enough for bulk updates.
 
-prometheus_client's registry is too slow for an engine that observes millions of inter-token
-latencies per simulated minute, and its OpenMetrics exposition rewrites `vllm:` to `vllm_`. So this
-module keeps its own small registry: histograms accumulate with numpy (a pending buffer is binned
-in one call), and `render()` writes the text format 0.0.4 exactly as prometheus_client would for
-vLLM's own registry (names, HELP/TYPE lines, `_total` counters, cumulative `le` buckets).
-Names, meanings and buckets: vLLM v1/metrics/loggers.py, buckets.py, docs/usage/metrics.md.
+The engine observes millions of inter-token latencies per simulated minute, more than
+prometheus_client's metric objects (a lock and a method call per observation) can take, so the
+values accumulate here (histograms bin a pending buffer with numpy; counters are plain dicts;
+per-request observations are buffered and folded in on read). They are exposed through
+prometheus_client itself, as vLLM exposes its own: a `Collector` yields the metric families on
+each scrape into a `CollectorRegistry`, and `exposition()` answers like prometheus_client's
+`make_asgi_app` that vLLM mounts on /metrics (`vllm/entrypoints/serve/instrumentator/metrics.py`):
+the Accept header picks text 0.0.4 or OpenMetrics (whose negotiation, with prometheus_client >=
+0.23 and a Prometheus 2.x that sends no `escaping=`, writes `vllm_` instead of `vllm:`, as a real
+pod does), `name[]` restricts the families, and gzip is used when accepted. Counters and
+histograms carry `_created` samples like prometheus_client's own (unless the environment sets
+PROMETHEUS_DISABLE_CREATED_SERIES=true). Names, meanings and buckets: vLLM v1/metrics/loggers.py, buckets.py, docs/usage/metrics.md.
 """
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import math
+import os
+import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
-# vllm/v1/metrics/buckets.py (vLLM buckets.py).
+# vllm/v1/metrics/buckets.py.
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -53,33 +79,6 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
                 return out
             out.append(v)
         exponent += 1
-
-
-def _fmt(v: float) -> str:
-    """Go-style float text, as prometheus_client writes sample values and `le` bounds."""
-    if v == math.inf:
-        return "+Inf"
-    if v == -math.inf:
-        return "-Inf"
-    if math.isnan(v):
-        return "NaN"
-    s = repr(float(v))
-    dot = s.find(".")
-    if v > 0 and dot > 6 and "e" not in s:  # Go uses an exponent from 1e+06 up
-        digits = s.replace(".", "").rstrip("0")
-        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-        return f"{mantissa}e+{dot - 1:02d}"
-    return s
-
-
-def _escape(v: str) -> str:
-    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-def _labels(pairs: Sequence[tuple[str, str]]) -> str:
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
 
 
 @dataclass
@@ -177,7 +176,7 @@ class Histogram:
 
 
 # Hidden-metric rule (see VllmMetrics): name -> first vLLM minor version that no longer offered it
-# even behind --show-hidden-metrics-for-version (vLLM docs/usage/metrics.md).
+# even behind --show-hidden-metrics-for-version (vLLM v1/metrics/loggers.py).
 _REMOVED_IN = {
     "vllm:gpu_cache_usage_perc": (0, 14),
     "vllm:gpu_prefix_cache_queries": (0, 14),
@@ -212,6 +211,8 @@ class VllmMetrics:
         show_hidden_metrics_for_version: str | None = None,
     ) -> None:
         self.base = (("model_name", model_name), ("engine", "0"))
+        self.created = time.time()  # the `_created` samples: when vLLM made its metrics
+        self._registry: CollectorRegistry | None = None
         self.cache_config_labels = list(cache_config_labels)
         self.gauge_provider: Callable[[], tuple[int, int, float]] | None = None
         hidden: set[str] = set()
@@ -219,7 +220,10 @@ class VllmMetrics:
             wanted = _parse_version(show_hidden_metrics_for_version)
             hidden = {n for n, removed in _REMOVED_IN.items() if wanted < removed}
         self.hidden = hidden
-        self._finished_rows: list[tuple[float, ...]] = []
+        self.tpot_hidden = "vllm:time_per_output_token_seconds" in hidden
+        self.finished_rows: list[tuple[float, ...]] = []
+        self.first_rows: list[tuple[float, int, int]] = []
+        self.prefix_rows: list[tuple[int, int]] = []  # (queried, hit) tokens per admission
         tok = build_1_2_5_buckets(max_model_len)
         H = Histogram
         self.ttft = H(
@@ -343,18 +347,23 @@ class VllmMetrics:
         if "vllm:time_per_output_token_seconds" in self.hidden:
             self.tpot_old.observe_repeated(gap, n)
 
+    def observe_first_token(self, ttft: float, prompt_len: int, cached: int) -> None:
+        """A request's first token (buffered like finished requests; Engine inlines this)."""
+        self.first_rows.append((ttft, prompt_len, cached))
+
     def observe_prefix_query(self, queried: int, hits: int) -> None:
-        self.prefix_cache_queries.inc(queried)
-        self.prefix_cache_hits.inc(hits)
-        self.gpu_prefix_cache_queries.inc(queried)
-        self.gpu_prefix_cache_hits.inc(hits)
+        self.prefix_cache_queries.values[""] += queried
+        self.prefix_cache_hits.values[""] += hits
+        self.gpu_prefix_cache_queries.values[""] += queried
+        self.gpu_prefix_cache_hits.values[""] += hits
 
     def observe_prompt_done(self, prompt_len: int, cached: int) -> None:
         """Counted once per request, when its prefill first completes (not again on recompute)."""
-        self.prompt_tokens.inc(prompt_len)
-        self.prompt_tokens_by_source.inc(prompt_len - cached, "local_compute")
-        self.prompt_tokens_by_source.inc(cached, "local_cache_hit")
-        self.prompt_tokens_cached.inc(cached)
+        self.prompt_tokens.values[""] += prompt_len
+        by_source = self.prompt_tokens_by_source.values
+        by_source["local_compute"] += prompt_len - cached
+        by_source["local_cache_hit"] += cached
+        self.prompt_tokens_cached.values[""] += cached
 
     def observe_finished(
         self,
@@ -371,20 +380,44 @@ class VllmMetrics:
         cached: int,
         preemptions: int,
     ) -> None:
-        self.request_success.inc(1, reason)
-        self._finished_rows.append(
+        """Everything vLLM records when a request finishes (Engine._finish inlines this)."""
+        success = self.request_success.values
+        success[reason] = success.get(reason, 0.0) + 1
+        self.finished_rows.append(
             (e2e, queue, prefill, decode, inference, tpot, prompt_len, output_len, output_len,
              max_tokens, 1, prompt_len - cached, preemptions)
         )  # fmt: skip
-        if len(self._finished_rows) >= 4096:
+        if len(self.finished_rows) >= 4096:
             self.flush()
 
     def flush(self) -> None:
         """Bin the buffered per-request observations (one vectorised pass per histogram)."""
-        if not self._finished_rows:
+        queries = self.prefix_rows
+        if queried := sum(q for q, _ in queries):
+            self.observe_prefix_query(queried, sum(h for _, h in queries))
+        queries.clear()
+        firsts = self.first_rows
+        if firsts:
+            ttft = self.ttft
+            total = ttft.sum
+            prompt = cached_total = 0
+            for value, prompt_len, cached in firsts:
+                total += value  # the order and rounding of one observe() at a time
+                prompt += prompt_len
+                cached_total += cached
+            ttft.sum = total
+            self.observe_prompt_done(prompt, cached_total)  # integer sums: exact
+            values = np.fromiter((row[0] for row in firsts), np.float64, len(firsts))
+            idx = np.searchsorted(ttft.bounds, values, side="left")
+            binned = np.bincount(idx, minlength=len(ttft.counts)).tolist()
+            ttft.counts = [a + b for a, b in zip(ttft.counts, binned, strict=True)]
+            firsts.clear()
+        if not self.finished_rows:
             return
-        cols = np.asarray(self._finished_rows, dtype=np.float64).T
-        self._finished_rows.clear()
+        rows = self.finished_rows
+        flat = np.fromiter(itertools.chain.from_iterable(rows), np.float64, len(rows) * 13)
+        cols = flat.reshape(len(rows), 13).T
+        rows.clear()
         hists = (self.e2e, self.queue, self.prefill, self.decode, self.inference, self.req_tpot,
                  self.prompt_tokens_h, self.generation_tokens_h, self.max_gen_h,
                  self.params_max_tokens, self.params_n, self.prefill_kv_computed,
@@ -447,34 +480,111 @@ class VllmMetrics:
             cs += [self.gpu_prefix_cache_queries, self.gpu_prefix_cache_hits]
         return cs
 
-    def render(self) -> str:
-        """Prometheus text exposition format 0.0.4, `vllm:` names with their colons."""
-        out: list[str] = []
-        base = self.base
+    # ---- exposition -------------------------------------------------------------------------
+
+    def families(self) -> Iterator[Metric]:
+        """The metric families of one scrape, as vLLM's prometheus_client objects would give."""
+        self.flush()
+        names = ["model_name", "engine"]
+        base = [v for _, v in self.base]
+        created = self.created if _CREATED_SERIES else None
         for g in self._gauges():
-            out.append(f"# HELP {g.name} {g.help}\n# TYPE {g.name} gauge\n")
+            extra = [g.extra_label] if g.extra_label else []
+            fam = GaugeMetricFamily(g.name, g.help, labels=names + extra)
             for label, v in g.values.items():
-                extra = ((g.extra_label, label),) if g.extra_label else ()
-                out.append(f"{g.name}{_labels(base + extra)} {_fmt(v)}\n")
-        name = "vllm:cache_config_info"
-        out.append(f"# HELP {name} Information of the LLMEngine CacheConfig\n# TYPE {name} gauge\n")
-        out.append(f"{name}{_labels([*self.cache_config_labels, ('engine', '0')])} 1.0\n")
+                fam.add_metric(base + ([label] if extra else []), v)
+            yield fam
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=[k for k, _ in self.cache_config_labels] + ["engine"],
+        )
+        info.add_metric([v for _, v in self.cache_config_labels] + ["0"], 1.0)
+        yield info
         for c in self.counters():
-            n = c.name + "_total"
-            out.append(f"# HELP {n} {c.help}\n# TYPE {n} counter\n")
+            extra = [c.extra_label] if c.extra_label else []
+            cfam = CounterMetricFamily(c.name, c.help, labels=names + extra)
             for label, v in c.values.items():
-                extra = ((c.extra_label, label),) if c.extra_label else ()
-                out.append(f"{n}{_labels(base + extra)} {_fmt(v)}\n")
+                cfam.add_metric(base + ([label] if extra else []), v, created=created)
+            yield cfam
         for h in self.histograms():
-            out.append(f"# HELP {h.name} {h.help}\n# TYPE {h.name} histogram\n")
-            total = 0
-            for bound, cum in h.bucket_counts():
-                lab = _labels((*base, ("le", _fmt(bound))))
-                out.append(f"{h.name}_bucket{lab} {_fmt(float(cum))}\n")
-                total = cum
-            out.append(f"{h.name}_count{_labels(base)} {_fmt(float(total))}\n")
-            out.append(f"{h.name}_sum{_labels(base)} {_fmt(h.sum)}\n")
-        return "".join(out)
+            hfam = HistogramMetricFamily(h.name, h.help, labels=names)
+            buckets = [(_go_float(b), float(n)) for b, n in h.bucket_counts()]
+            hfam.add_metric(base, buckets, h.sum)
+            if created is not None:
+                hfam.samples.append(Sample(h.name + "_created", dict(self.base), created))
+            yield hfam
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """vLLM's registry: the engine's metrics plus prometheus_client's default collectors
+        (process, platform and GC, which `prometheus_client.REGISTRY` holds in a real pod)."""
+        if self._registry is None:
+            self._registry = _default_registry()
+            self._registry.register(_Families(self))
+        return self._registry
+
+    def exposition(
+        self, accept: str = "", accept_encoding: str = "", names: Sequence[str] = ()
+    ) -> tuple[bytes, dict[str, str]]:
+        """Body and headers of a /metrics answer, negotiated like prometheus_client's ASGI app."""
+        return _expose(self.registry, accept, accept_encoding, names)
+
+    def render(self) -> str:
+        """The engine's own families in text format 0.0.4 (what `exposition()` gives a client
+        that asks for plain text, without the process and GC collectors)."""
+        encoder, _ = choose_encoder("text/plain; version=0.0.4")
+        return encoder(_Families(self)).decode()
+
+
+class _Families(Collector):
+    def __init__(self, metrics: VllmMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self.metrics.families()
+
+    def describe(self) -> Iterable[Metric]:
+        # The names the registry indexes (for `name[]` restriction); the families are fixed.
+        return list(self.metrics.families())
+
+
+def _go_float(v: float) -> str:
+    """The `le` text prometheus_client's own Histogram writes."""
+    text: str = floatToGoString(v)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _default_registry() -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=reg)
+    PlatformCollector(registry=reg)
+    GCCollector(registry=reg)
+    return reg
+
+
+def _expose(
+    registry: CollectorRegistry, accept: str, accept_encoding: str, names: Sequence[str]
+) -> tuple[bytes, dict[str, str]]:
+    """prometheus_client's own answer (`exposition._bake_output`, made of its public parts)."""
+    encoder, content_type = choose_encoder(accept)
+    target: Collector = registry.restricted_registry(list(names)) if names else registry
+    body = encoder(target)
+    headers = {"Content-Type": content_type}
+    if gzip_accepted(accept_encoding):
+        body = gzip.compress(body)
+        headers["Content-Encoding"] = "gzip"
+    return body, headers
+
+
+def default_registry_exposition(
+    accept: str = "", accept_encoding: str = "", names: Sequence[str] = ()
+) -> tuple[bytes, dict[str, str]]:
+    """/metrics of a vLLM run with --disable-log-stats: prometheus_client's defaults only."""
+    return _expose(_default_registry(), accept, accept_encoding, names)
+
+
+_CREATED_SERIES = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "").lower() != "true"
 
 
 def cache_config_labels(fields: Iterable[tuple[str, object]]) -> list[tuple[str, str]]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_sim.catalog import load_model
 from vllm_sim.engine import Engine
 from vllm_sim.runs import Measured, Run, Stage, Workload
 from vllm_sim.steptime import Calibration, FloatArray
@@ -56,7 +57,12 @@ CLIENT = ClientModel()
 
 
 def engine_config(run: Run) -> EngineConfig:
+    """The run's server flags. Its weight precision is applied as `--quantization` only to an
+    unquantized checkpoint; a quantized config.json already says how its weights are stored."""
     k = run.knobs
+    quantization = run.quantization
+    if quantization is not None and load_model(run.model).quant.quantized:
+        quantization = None
     return EngineConfig(
         model=run.model,
         gpu=run.gpu,
@@ -67,6 +73,8 @@ def engine_config(run: Run) -> EngineConfig:
         max_model_len=k.max_model_len,
         block_size=k.block_size,
         enable_prefix_caching=k.enable_prefix_caching,
+        kv_cache_dtype=k.kv_cache_dtype,
+        quantization=quantization,
     )
 
 
@@ -196,16 +204,20 @@ def replay(
     max_stage_s: float | None = None,
     progress: Callable[[float], None] | None = None,
     calibration: Calibration | None = None,
+    on_engine: Callable[[Engine], None] | None = None,
 ) -> ReplayResult:
     """Drive a fresh engine with the run's traffic, aborting requests the client gave up on.
 
     `progress` is called with the fraction of the run's virtual time done (for long runs);
-    `calibration` replaces the engine's step-time constants (for fitting them).
+    `calibration` replaces the engine's step-time constants (for fitting them); `on_engine` sees
+    the engine before it runs (to observe its steps).
     """
     t0 = time.perf_counter()
     stages = scaled_stages(run.workload, max_stage_s)
     requests = build_requests(run, seed, stages)
     engine = Engine(engine_config(run), seed=seed, record_itl=False, calibration=calibration)
+    if on_engine is not None:
+        on_engine(engine)
     for req in requests:
         engine.add_request(req)
     timeout = run.client_timeout_s

@@ -33,9 +33,12 @@ Format (YAML or JSON; `docs/fidelity.md` has the full reference)::
         model: meta-llama/Llama-2-7b-hf   # catalog name or config.json path
         gpu: H100                  # catalog name or GPU spec path
         tp: 1
+        quantization: fp8          # weight precision: the --quantization the server ran with,
+        #                            or the quantized checkpoint's method (recorded; its
+        #                            config.json decides); omit for BF16/FP16 weights
         knobs: {max_num_batched_tokens: 2048, max_num_seqs: 128,
                 gpu_memory_utilization: 0.9, max_model_len: 4096, block_size: 16,
-                enable_prefix_caching: true}
+                enable_prefix_caching: true, kv_cache_dtype: auto}   # auto | fp8
         kv_offload: true           # CPU KV offload was on (recorded; not simulated)
         kv_blocks: 7462            # logged num_gpu_blocks, optional
         workload: general          # a name from `workloads` or an inline mapping
@@ -67,6 +70,7 @@ from typing import Any
 import yaml
 
 FORMAT = "vllm-sim-runs/v1"
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 STAT_KEYS = ("mean", "p50", "p90", "p99")
 METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
@@ -130,6 +134,7 @@ class Knobs:
     max_model_len: int = 4096
     block_size: int = 16
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,7 @@ class Run:
     client_timeout_s: float | None = None
     overloaded: bool = False
     note: str = ""
+    quantization: str | None = None  # weight precision (vLLM's --quantization), None: BF16/FP16
 
 
 # ---- reading ---------------------------------------------------------------------------------
@@ -327,7 +333,13 @@ def _knobs(n: _Node) -> Knobs:
         max_model_len=n.integer("max_model_len", default=d.max_model_len),
         block_size=n.integer("block_size", default=d.block_size),
         enable_prefix_caching=n.flag("enable_prefix_caching", d.enable_prefix_caching),
+        kv_cache_dtype=n.text("kv_cache_dtype", default=d.kv_cache_dtype),
     )
+    if k.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise RunsFileError(
+            f"{n.at('kv_cache_dtype')}: expected one of {', '.join(KV_CACHE_DTYPES)}, got "
+            f"{k.kv_cache_dtype!r}"
+        )
     n.done()
     return k
 
@@ -404,7 +416,9 @@ def _run(n: _Node, workloads: Mapping[str, Workload]) -> Run:
         client_timeout_s=timeout,
         overloaded=n.flag("overloaded", False),
         note=str(n.data.get("note") or ""),
+        quantization=n.text("quantization") if n.has("quantization") else None,
     )
+    n.used.add("quantization")
     n.used.add("note")
     n.done()
     return run
@@ -457,8 +471,19 @@ def load_runs(path: str | Path) -> list[Run]:
 
 
 def calibration_runs_path() -> Path:
-    """The H100 calibration set shipped with the simulator."""
+    """The H100 calibration set shipped with the simulator (the first of fit_runs_paths)."""
     return Path(__file__).parent / "data" / "runs" / "calibration-h100.yaml"
+
+
+def fit_runs_paths() -> list[Path]:
+    """The runs the step-time constants are fitted on (H100 only)."""
+    here = Path(__file__).parent / "data" / "runs"
+    return [here / "calibration-h100.yaml", here / "calibration-h100-llama3.yaml"]
+
+
+def check_runs_path() -> Path:
+    """Real runs never fitted on: other knobs and workloads on H100, every A100 and L40S run."""
+    return Path(__file__).parent / "data" / "runs" / "check.yaml"
 
 
 __all__ = [
@@ -471,6 +496,8 @@ __all__ = [
     "Stage",
     "Workload",
     "calibration_runs_path",
+    "check_runs_path",
+    "fit_runs_paths",
     "load_runs",
     "parse_runs",
 ]

@@ -3,7 +3,16 @@
 The operator and its tests talk to this exactly as to vLLM: the same endpoints, the same
 streaming shapes, `/metrics` with vLLM's names, and vLLM's life cycle (the port refuses
 connections while the model "loads", a startup error exits non-zero with vLLM's message, a
-run-time CUDA OOM kills the process, SIGTERM aborts what is in flight and exits 0).
+run-time CUDA OOM kills the process, SIGTERM shuts down as `--shutdown-timeout` says and exits 0).
+
+Shutdown follows vLLM's API server (`vllm/entrypoints/launchers/launcher.py`, `serve_http`:
+on SIGTERM it calls `engine_client.shutdown(timeout)` and only then stops the HTTP server) and
+EngineCore (`vllm/v1/engine/core.py`, `_handle_shutdown` and `_reject_add_in_shutdown`): with
+timeout 0 every in-flight request is aborted at once; with N > 0 the server keeps listening and
+/health keeps answering 200 (it fails only for a dead engine), in-flight requests run on for up
+to N seconds, and a request that arrives meanwhile is answered at once as an aborted completion
+(HTTP 200, finish_reason "abort", no tokens; a stream sends no choice chunk, only [DONE]).
+Whatever is unfinished after N seconds is aborted, then the process exits.
 
 Time: virtual = (wall - t0) x time_scale, where t0 is when the server became ready. The driver
 advances the engine to "now" and then sleeps until the engine's next event (or a new request), so
@@ -43,7 +52,6 @@ CHARS_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4  # role header and separators of a typical chat template
 CHAT_TOKENS_REPLY_PRIMER = 3  # the assistant header the template appends
 DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MIN_SLEEP_S = 0.001
 _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs")
 
@@ -73,6 +81,8 @@ class SimEngine(Protocol):
     def has_unfinished(self) -> bool: ...
 
     def pop_finished(self) -> list[Any]: ...
+
+    def begin_drain(self, timeout_s: float, at: float | None = None) -> None: ...
 
 
 EngineFactory = Callable[[EngineConfig, Reality, int], SimEngine]
@@ -231,8 +241,11 @@ class SimServer:
         self._wake = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
         self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.dead = False
         self.closing = False
+        self.draining = False
         self.exit_code: asyncio.Future[int] | None = None
         self.app = web.Application()
         self.app.add_routes(
@@ -283,6 +296,18 @@ class SimServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver
             self._driver = None
+
+    async def drain(self, timeout_s: float) -> bool:
+        """vLLM's SIGTERM with --shutdown-timeout > 0 (see the module doc): refuse new requests,
+        let in-flight ones finish for up to `timeout_s` wall seconds. True if all finished."""
+        self.draining = True
+        self.engine.begin_drain(timeout_s * self.time_scale, at=self.virtual_now())
+        self._wake.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def _advance(self) -> float | None:
         """Run the engine's events that are due by now, one at a time, and return the next one.
@@ -348,11 +373,17 @@ class SimServer:
     async def load(self, _request: web.Request) -> web.Response:
         return web.json_response({"server_load": self.in_flight})
 
-    async def metrics(self, _request: web.Request) -> web.Response:
-        # Text format 0.0.4 whatever the Accept header asks: Prometheus 2.x negotiating
-        # OpenMetrics would otherwise get `vllm_` names (client_python #1177).
-        text = str(self.engine.metrics.render()) if self.metrics_enabled else ""
-        return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+    async def metrics(self, request: web.Request) -> web.Response:
+        # prometheus_client's exposition and content negotiation, as vLLM's /metrics mount
+        # (see vllm_sim.metrics): a Prometheus 2.x negotiating OpenMetrics gets `vllm_` names.
+        accept = request.headers.get("Accept", "")
+        encoding = request.headers.get("Accept-Encoding", "")
+        names = request.query.getall("name[]", [])
+        if self.metrics_enabled:
+            body, headers = self.engine.metrics.exposition(accept, encoding, names)
+        else:  # --disable-log-stats: vLLM registers no engine metrics, only the defaults
+            body, headers = _default_exposition(accept, encoding, names)
+        return web.Response(body=body, headers=headers)
 
     async def models(self, _request: web.Request) -> web.Response:
         card = {
@@ -408,8 +439,11 @@ class SimServer:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         queue: asyncio.Queue[TokenEvent | object] = asyncio.Queue()
         self._streams[request_id] = queue
-        finished = False
+        # A draining engine finishes a new request at once as aborted (module doc).
+        rejected = self.draining
+        finished = rejected
         self.in_flight += 1
+        self._idle.clear()
         try:
             # The driver brings the engine up to date; the request joins at the next step.
             try:
@@ -426,13 +460,17 @@ class SimServer:
             except ValueError as exc:  # e.g. the prompt alone exceeds max_model_len
                 finished = True
                 return RequestError(str(exc)).response()
+            if rejected:
+                queue.put_nowait(_END)
             self._wake.set()
             writer = _StreamWriter if gen.stream else _JsonWriter
             handler = writer(self, request, request_id, chat, gen)
-            finished = await handler.run(queue)
+            finished = await handler.run(queue) or rejected
             return handler.response
         finally:
             self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
             self._streams.pop(request_id, None)
             if not finished and not self.dead:
                 with contextlib.suppress(Exception):
@@ -582,7 +620,8 @@ class _StreamWriter(_Writer):
         if self.finish_reason == "abort" and self.server.dead:
             error = {"error": {"message": "EngineCore encountered an issue.", "code": 500}}
             await self._write(b"data: " + json.dumps(error).encode() + b"\n\n")
-        elif self.finish_reason == "abort":
+        elif self.finish_reason == "abort" and self.tokens:
+            # With no token yet, vLLM's stream generators skip the empty final chunk.
             choice: dict[str, Any] = {"index": 0, "finish_reason": "abort"}
             if self.chat:
                 choice["delta"] = {}
@@ -593,6 +632,14 @@ class _StreamWriter(_Writer):
             await self._write(self.chunk(None, self.usage()))
         await self._write(b"data: [DONE]\n\n")
         await self.response.write_eof()
+
+
+def _default_exposition(
+    accept: str, encoding: str, names: list[str]
+) -> tuple[bytes, dict[str, str]]:
+    from vllm_sim.metrics import default_registry_exposition
+
+    return default_registry_exposition(accept, encoding, names)
 
 
 def _print_startup_error(exc: Exception, log: TextIO) -> None:
@@ -684,10 +731,32 @@ async def _serve_engine(
     await stop.wait()
     code = exit_code.result() if exit_code.done() else 0
     if code == 0:
-        print("INFO vllm-sim: shutting down, aborting in-flight requests", file=out, flush=True)
+        await _shut_down(server, options.shutdown_timeout, out)
     await server.close()
     await runner.cleanup()
     return code
+
+
+async def _shut_down(server: SimServer, timeout_s: int, out: TextIO) -> None:
+    """SIGTERM: abort at once (timeout 0) or drain first; server.close() aborts the rest."""
+    if timeout_s <= 0:
+        print("INFO vllm-sim: shutting down, aborting in-flight requests", file=out, flush=True)
+        return
+    print(
+        f"INFO vllm-sim: [shutdown] mode=drain timeout={timeout_s}s: finishing "
+        f"{server.in_flight} in-flight requests, refusing new ones",
+        file=out,
+        flush=True,
+    )
+    if await server.drain(timeout_s):
+        print("INFO vllm-sim: shutting down, every in-flight request finished", file=out)
+    else:
+        print(
+            f"INFO vllm-sim: shutting down, drain timed out: aborting {server.in_flight} "
+            "in-flight requests",
+            file=out,
+            flush=True,
+        )
 
 
 def main(options: ServeOptions) -> int:

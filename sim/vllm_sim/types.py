@@ -38,6 +38,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     kv_cache_dtype: str = "auto"
+    # vLLM's --quantization: None reads the checkpoint's own quantization_config; "fp8"
+    # quantizes an unquantized checkpoint at load time (W8A8 FP8, dynamic activation scales).
+    quantization: str | None = None
     long_prefill_token_threshold: int = 0
     served_model_name: str | None = None
     # vLLM's --show-hidden-metrics-for-version: brings back names deprecated in that version.
@@ -102,7 +105,7 @@ class TokenEvent:
     finish_reason: str | None = None  # "length", "abort", "error" when finished
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     """What happened to one finished request, in virtual seconds (engine-side timings)."""
 

@@ -370,10 +370,8 @@ class AnalyticModel:
         # the safety margin applies to whether a candidate is predicted to meet the SLO now.
         raw = replace(workload, safety_margin=1.0)
         meets_raw = st.stable and self._meets(raw, ttft, itl, e2e)
-        if capacity or meets:
-            cap = self._capacity(knobs, raw, calibration, kv, meets_raw)
-        else:
-            cap = 0.0
+        wanted = capacity or meets
+        cap = self._capacity(knobs, raw, calibration, kv, meets_raw) if wanted else 0.0
         reason = "" if meets else ("overloaded: " + st.why if not st.stable else "SLO missed")
         return Prediction(
             ttft_ms=ttft * 1000.0,

@@ -40,9 +40,8 @@ def stream_chat(url: str, max_tokens: int, timeout: float = 30.0) -> list[Any]:
 
 
 def samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    # Prometheus 2.x's Accept header: the server must still answer in text 0.0.4.
-    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
-    response = requests.get(f"{url}/metrics", headers={"Accept": accept}, timeout=5)
+    # A client that asks for nothing in particular gets text 0.0.4 and vLLM's colons.
+    response = requests.get(f"{url}/metrics", timeout=5)
     assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -86,34 +85,117 @@ def test_metrics_have_vllm_names_and_count_what_was_served(tmp_path: Path) -> No
         response = requests.post(f"{sim.url}/v1/completions", json=body, timeout=30)
         assert response.json()["usage"]["completion_tokens"] == 9
         after = samples(sim.url)
+        # Prometheus 2.x's Accept header negotiates OpenMetrics, and prometheus_client escapes.
+        accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+        om = requests.get(f"{sim.url}/metrics", headers={"Accept": accept}, timeout=5)
+    assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert "\nvllm_generation_tokens_total{" in om.text
     generated = ("vllm:generation_tokens_total", label)
     assert after[generated] - before.get(generated, 0.0) == 9
     prompt = ("vllm:prompt_tokens_total", label)
     assert after[prompt] - before.get(prompt, 0.0) == 50
     assert after[("vllm:time_to_first_token_seconds_count", label)] == 1
-    assert all(name.startswith("vllm:") for name, _ in after)
+    assert not any(name.startswith("vllm_") for name, _ in after)
 
 
-def test_sigterm_aborts_in_flight_requests_and_exits_zero(tmp_path: Path) -> None:
+class Streams:
+    """Streaming chat requests read on threads, for SIGTERM tests."""
+
+    def __init__(self, url: str, n: int, max_tokens: int) -> None:
+        self.events: list[list[Any]] = [[] for _ in range(n)]
+        self.threads = [
+            threading.Thread(target=self._read, args=(url, max_tokens, i)) for i in range(n)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _read(self, url: str, max_tokens: int, i: int) -> None:
+        body: dict[str, Any] = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Tell me about GPUs."}],
+            "max_tokens": max_tokens,
+            "stream": True,
+        }
+        with requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    payload = line[len(b"data: ") :]
+                    event = "[DONE]" if payload == b"[DONE]" else json.loads(payload)
+                    self.events[i].append(event)
+
+    def all_streaming(self) -> bool:
+        return all(len(e) >= 3 for e in self.events)  # role chunk and two tokens at least
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join(timeout=30)
+        assert not any(t.is_alive() for t in self.threads)
+
+    def outcomes(self) -> list[tuple[int, str | None]]:
+        """(content tokens, last finish_reason) per stream, each checked to end with [DONE]."""
+        out = []
+        for events in self.events:
+            assert events and events[-1] == "[DONE]"
+            choices = [e["choices"][0] for e in events[:-1] if e["choices"]]
+            tokens = sum(1 for c in choices if c["delta"].get("content"))
+            out.append((tokens, choices[-1]["finish_reason"]))
+        return out
+
+
+def post_completion(url: str) -> requests.Response:
+    body: dict[str, Any] = {"model": MODEL, "prompt": "x", "max_tokens": 5}
+    return requests.post(f"{url}/v1/completions", json=body, timeout=10)
+
+
+def test_sigterm_with_shutdown_timeout_zero_aborts_every_in_flight_stream(tmp_path: Path) -> None:
     with running_sim(tmp_path) as sim:
-        events: list[Any] = []
-        reader = threading.Thread(target=lambda: events.extend(stream_chat(sim.url, 100_000)))
-        reader.start()
-        wait_for(
-            lambda: samples(sim.url).get(
-                ("vllm:num_requests_running", (("engine", "0"), ("model_name", MODEL)))
-            ),
-            timeout=10,
-            message="the long request is running",
-        )
+        streams = Streams(sim.url, 3, 100_000)
+        wait_for(streams.all_streaming, timeout=10, message="three streams under way")
         sim.process.send_signal(signal.SIGTERM)
         assert sim.wait_exit() == 0
-        reader.join(timeout=10)
-    assert not reader.is_alive()
-    assert events[-1] == "[DONE]"
-    finish = [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"]]
-    assert finish[-1] == "abort"
-    assert "shutting down" in sim.log()
+        streams.join()
+    outcomes = streams.outcomes()
+    assert all(reason == "abort" and 0 < tokens < 100_000 for tokens, reason in outcomes)
+    assert "shutting down, aborting in-flight requests" in sim.log()
+
+
+def test_sigterm_with_shutdown_timeout_drains_and_refuses_new_requests(tmp_path: Path) -> None:
+    # ~300 decode steps of a few ms each: about a second and a half of wall time per stream.
+    with running_sim(tmp_path, "--shutdown-timeout", "60") as sim:
+        streams = Streams(sim.url, 3, 300)
+        wait_for(streams.all_streaming, timeout=10, message="three streams under way")
+        sent = time.monotonic()
+        sim.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: "mode=drain" in sim.log(), timeout=10, message="the drain to begin")
+        assert sim.process.poll() is None
+        # What vLLM does while it drains: /health stays 200, a new request comes back at
+        # once as an aborted, empty completion.
+        assert requests.get(f"{sim.url}/health", timeout=5).status_code == 200
+        refused = post_completion(sim.url)
+        assert refused.status_code == 200
+        assert refused.json()["choices"][0]["finish_reason"] == "abort"
+        assert refused.json()["usage"]["completion_tokens"] == 0
+        assert sim.wait_exit(timeout=30) == 0
+        waited = time.monotonic() - sent
+        streams.join()
+    assert streams.outcomes() == [(300, "length")] * 3
+    assert waited < 30  # it left as soon as the streams were done, not at the timeout
+    assert "every in-flight request finished" in sim.log()
+
+
+def test_drain_that_runs_out_of_time_aborts_the_rest(tmp_path: Path) -> None:
+    with running_sim(tmp_path, "--shutdown-timeout", "1") as sim:
+        streams = Streams(sim.url, 2, 100_000)
+        wait_for(streams.all_streaming, timeout=10, message="two streams under way")
+        sent = time.monotonic()
+        sim.process.send_signal(signal.SIGTERM)
+        assert sim.wait_exit(timeout=30) == 0
+        waited = time.monotonic() - sent
+        streams.join()
+    outcomes = streams.outcomes()
+    assert all(reason == "abort" and 0 < tokens < 100_000 for tokens, reason in outcomes)
+    assert 1.0 <= waited < 10
+    assert "drain timed out: aborting 2 in-flight requests" in sim.log()
 
 
 @pytest.mark.parametrize(

@@ -203,11 +203,13 @@ async def test_metrics_keep_colons_whatever_the_accept_header(
     assert sample.labels["model_name"] == MODEL
 
 
-async def test_metrics_are_empty_with_disable_log_stats() -> None:
+async def test_disable_log_stats_leaves_only_prometheus_clients_defaults() -> None:
     engine = FakeEngine(EngineConfig(model=MODEL))
     server = SimServer(engine, metrics_enabled=False)
     async with TestClient(TestServer(server.app)) as http:
-        assert await (await http.get("/metrics")).text() == ""
+        text = await (await http.get("/metrics")).text()
+    assert "process_cpu_seconds_total" in text and "python_info" in text
+    assert "vllm" not in text
 
 
 async def test_load_counts_in_flight_and_a_disconnect_aborts() -> None:

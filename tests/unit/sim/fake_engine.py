@@ -43,6 +43,12 @@ class FakeMetrics:
     def __init__(self, engine: FakeEngine) -> None:
         self._engine = engine
 
+    def exposition(
+        self, accept: str = "", accept_encoding: str = "", names: object = ()
+    ) -> tuple[bytes, dict[str, str]]:
+        """Always text 0.0.4 (the real engine negotiates; see vllm_sim.metrics)."""
+        return self.render().encode(), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+
     def render(self) -> str:
         e = self._engine
         labels = f'model_name="{e.model_name}",engine="0"'
@@ -114,9 +120,14 @@ class FakeEngine:
         self.ttft_n = 0
         self.ttft_sum = 0.0
         self.steps = 0
+        self.drain_at: float | None = None
+        self.drain_deadline: float | None = None
 
     def add_request(self, request: Request) -> None:
         self.added.append(request)
+        if self.drain_at is not None and request.arrival_time >= self.drain_at:
+            self._finish(_Running(request), max(self.now, request.arrival_time), "abort")
+            return
         self.waiting.append(request)
         if self.step_end is None:
             self._start_step(max(self.now, request.arrival_time))
@@ -126,6 +137,21 @@ class FakeEngine:
         state = self.running.pop(request_id, None)
         if state is not None:
             self._finish(state, self.now, "abort")
+
+    def begin_drain(self, timeout_s: float, at: float | None = None) -> None:
+        """The real engine's shutdown contract: refuse new requests, abort at the deadline."""
+        self.drain_at = self.now if at is None else at
+        self.drain_deadline = self.drain_at + timeout_s
+        self._abort_after_deadline()
+
+    def _abort_after_deadline(self) -> None:
+        if self.drain_deadline is not None and self.now >= self.drain_deadline:
+            for request in list(self.waiting):
+                self._finish(_Running(request), self.now, "abort")
+            self.waiting.clear()
+            for request_id in list(self.running):
+                self.abort_request(request_id)
+            self.step_end = None
 
     def _start_step(self, start: float) -> None:
         while self.waiting and len(self.running) < (self.resolved.max_num_seqs or 8):
@@ -186,8 +212,10 @@ class FakeEngine:
             raise EngineCrashed("CUDA out of memory (fake)")
         while self.step_end is not None and self.step_end <= t:
             self._step(on_tokens)
+            self._abort_after_deadline()
         if t != float("inf"):
             self.now = max(self.now, t)
+        self._abort_after_deadline()
 
     def next_event_time(self) -> float | None:
         return self.step_end

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -240,3 +241,88 @@ def test_an_uncatalogued_model_and_gpu_run_from_their_spec_files(tmp_path: Path)
     assert eng.kv.kv_bytes_per_token == 16 * 8 * 64 * 2 * 2
     [rec] = eng.run([Request("a", 500, 10)])
     assert rec.output_len == 10 and rec.ttft is not None and rec.ttft > 0
+
+
+# ---- shutdown drain (vLLM's --shutdown-timeout) ------------------------------------------------
+
+
+def _loaded_engine(n: int = 8, out: int = 200) -> tuple[Engine, list[Request]]:
+    eng = Engine(CFG)
+    reqs = [Request(f"r{i}", 300, out, 0.01 * i) for i in range(n)]
+    for r in reqs:
+        eng.add_request(r)
+    eng.run_until(0.5)
+    assert len(eng.sched.running) == n
+    return eng, reqs
+
+
+def test_drain_with_timeout_zero_aborts_everything_at_once_and_refuses_new_requests() -> None:
+    eng, reqs = _loaded_engine()
+    eng.begin_drain(0.0)
+    assert eng.draining and eng.drained and not eng.has_unfinished()
+    records = eng.pop_finished()
+    assert sorted(r.request_id for r in records) == sorted(r.request_id for r in reqs)
+    assert {r.finish_reason for r in records} == {"abort"}
+    assert all(r.finish_time == eng.now for r in records)
+    eng.add_request(Request("late", 100, 10, eng.now + 1.0))
+    [late] = eng.pop_finished()
+    assert late.finish_reason == "abort" and late.first_token_time is None
+    assert late.finish_time == eng.now + 1.0
+    assert not eng.has_unfinished()
+    reasons = eng.metrics.request_success.values
+    assert reasons["abort"] == len(reqs) + 1
+
+
+def test_drain_with_room_finishes_in_flight_requests_exactly_as_without_it() -> None:
+    reference, _ = _loaded_engine()
+    reference.run_until(math.inf)
+    expected = {r.request_id: r for r in reference.pop_finished()}
+    eng, _ = _loaded_engine()
+    start = eng.now
+    eng.begin_drain(600.0)
+    eng.add_request(Request("new", 100, 10, eng.now))
+    eng.run_until(math.inf)
+    records = {r.request_id: r for r in eng.pop_finished()}
+    assert records.pop("new").finish_reason == "abort"
+    assert eng.drained and eng.drain_deadline == start + 600.0
+    assert records.keys() == expected.keys()
+    for rid, rec in records.items():
+        assert rec.finish_reason == "length"
+        assert rec.finish_time == expected[rid].finish_time
+        assert rec.output_len == expected[rid].output_len
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_drain_deadline_aborts_what_is_left_at_the_first_step_boundary(fast: bool) -> None:
+    eng = Engine(CFG, fast=fast)
+    eng.add_request(Request("short", 300, 20, 0.0))
+    eng.add_request(Request("long", 300, 2000, 0.0))
+    eng.run_until(0.05)
+    eng.begin_drain(0.5)
+    deadline = eng.drain_deadline
+    assert deadline is not None
+    eng.run_until(math.inf)
+    records = {r.request_id: r for r in eng.pop_finished()}
+    assert records["short"].finish_reason == "length"
+    long = records["long"]
+    assert long.finish_reason == "abort"
+    step = eng.steptime.step_time(1, 1, 2000, 2001)
+    assert deadline <= long.finish_time < deadline + step
+    assert 1 < long.output_len < 2000
+    assert eng.drained
+
+
+def test_drain_deadline_reaches_requests_not_yet_seen_by_the_scheduler() -> None:
+    eng = Engine(CFG)
+    eng.add_request(Request("a", 100, 10, 1.0))  # seen at 1.0 + frontend delay
+    eng.begin_drain(0.001, at=1.0)
+    assert eng.next_event_time() == pytest.approx(1.001)  # the deadline comes first
+    eng.run_until(1.001)
+    [rec] = eng.pop_finished()
+    assert rec.finish_reason == "abort" and rec.first_scheduled_time is None
+    assert eng.drained and eng.next_event_time() is None
+
+
+def test_drain_rejects_a_negative_timeout() -> None:
+    with pytest.raises(ValueError, match="shutdown timeout"):
+        Engine(CFG).begin_drain(-1.0)

@@ -123,7 +123,29 @@ def test_unmodelled_and_unknown_flags_are_accepted_with_a_warning() -> None:
         assert flag in warning
 
 
-@pytest.mark.parametrize("bad", [["--gpu-memory-utilization", "1.5"], ["--max-num-seqs", "x"]])
+def test_quantization_is_modelled() -> None:
+    assert parse()[0].config.quantization is None
+    options, warning = parse("--quantization", "fp8")
+    assert options.config.quantization == "fp8" and "quantization" not in warning
+    assert parse("-q", "fp8")[0].config.quantization == "fp8"
+
+
+def test_shutdown_timeout_is_modelled_with_vllms_default_of_zero() -> None:
+    assert parse()[0].shutdown_timeout == 0
+    options, warning = parse("--shutdown-timeout", "30")
+    assert options.shutdown_timeout == 30
+    assert "shutdown" not in warning
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--gpu-memory-utilization", "1.5"],
+        ["--max-num-seqs", "x"],
+        ["--shutdown-timeout", "-1"],
+        ["--shutdown-timeout", "soon"],
+    ],
+)
 def test_invalid_values_fail_like_argparse(bad: list[str]) -> None:
     with pytest.raises(SystemExit):
         parse_serve_args([MODEL, *bad], env={}, stderr=io.StringIO())

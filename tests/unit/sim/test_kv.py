@@ -4,18 +4,21 @@ gpu_worker.py, config/vllm.py)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
-from vllm_sim.catalog import load_gpu, load_model
-from vllm_sim.kv import cudagraph_capture_sizes, kv_cache_info, resolve_config
+from vllm_sim.catalog import load_gpu
+from vllm_sim.engine import Engine
+from vllm_sim.kv import cudagraph_capture_sizes, engine_model, kv_cache_info, resolve_config
 from vllm_sim.types import EngineConfig, StartupError
 
 L8 = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def info(cfg: EngineConfig):  # type: ignore[no-untyped-def]
-    model, gpu = load_model(cfg.model), load_gpu(cfg.gpu)
+    model, gpu = engine_model(cfg), load_gpu(cfg.gpu)
     resolved = resolve_config(cfg, model, gpu)
     return resolved, kv_cache_info(resolved, model, gpu)
 
@@ -149,3 +152,47 @@ def test_block_override_is_used_but_must_hold_one_full_request() -> None:
     assert kv.num_gpu_blocks == 100
     with pytest.raises(StartupError, match="To serve at least one request"):
         info(EngineConfig(model=L8, max_model_len=1024, num_gpu_blocks_override=60))
+
+
+def test_fp8_weights_free_memory_for_kv_and_keep_a_bf16_cache() -> None:
+    base = EngineConfig(model=L8, max_model_len=8192, gpu_memory_utilization=0.9)
+    _, bf16 = info(base)
+    _, fp8 = info(dataclasses.replace(base, quantization="fp8"))
+    assert fp8.kv_dtype_bytes == 2  # --kv-cache-dtype auto follows the activations, not weights
+    freed = bf16.weights_bytes - fp8.weights_bytes
+    assert freed / 1e9 == pytest.approx(6.98, rel=0.02)  # the linear layers, 2 -> 1 byte
+    per_block = fp8.kv_bytes_per_token * fp8.block_size
+    assert fp8.num_gpu_blocks - bf16.num_gpu_blocks == pytest.approx(freed / per_block, abs=2)
+
+
+def test_a_quantization_flag_that_contradicts_the_checkpoint_fails_like_vllm(
+    tmp_path: Path,
+) -> None:
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    cfg = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+           "quantization_config": awq}  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(StartupError, match="does not match the quantization method"):
+        Engine(EngineConfig(model=str(path), max_model_len=4096, quantization="fp8"))
+    with pytest.raises(StartupError, match="can only quantize an unquantized checkpoint to fp8"):
+        Engine(EngineConfig(model=L8, max_model_len=4096, quantization="awq"))
+
+
+def test_llama4_scout_fp8_starts_on_two_h100s_with_room_for_kv(tmp_path: Path) -> None:
+    from tests.unit.sim.test_catalog import SCOUT_FP8
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SCOUT_FP8))
+    cfg = EngineConfig(model=str(path), tensor_parallel_size=2, max_model_len=4096,
+                       gpu_memory_utilization=0.9, max_num_seqs=128,
+                       max_num_batched_tokens=2048)  # fmt: skip
+    _, kv = info(cfg)
+    assert kv.weights_bytes / 1e9 == pytest.approx(110.8 / 2, rel=0.01)
+    assert kv.kv_bytes_per_token == 2 * 48 * 4 * 128 * 2  # BF16 cache, 4 KV heads per rank
+    # 71.3 GiB budget - 55.7 GB of weights - ~1.5 GB of activations, graphs and buffers:
+    # ~19 GB of KV per GPU, about 196k tokens
+    assert 180_000 < kv.kv_cache_size_tokens < 210_000
+    with pytest.raises(StartupError, match="CUDA out of memory"):
+        info(dataclasses.replace(cfg, tensor_parallel_size=1))

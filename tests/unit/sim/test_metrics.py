@@ -1,8 +1,11 @@
-"""The /metrics text is vLLM's: names with colons, labels, buckets, and counts that add up."""
+"""The /metrics text is vLLM's: names, labels, buckets, counts that add up, and prometheus_client's
+exposition with its content negotiation (`vllm:` in text 0.0.4, `vllm_` when OpenMetrics is
+negotiated without `escaping=`, as Prometheus 2.x does)."""
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import math
 
 import numpy as np
@@ -75,7 +78,8 @@ def test_render_parses_and_keeps_the_colons() -> None:
     assert "vllm:gpu_cache_usage_perc" not in fams
     assert "# TYPE vllm:prompt_tokens_total counter" in text
     assert "# TYPE vllm:iteration_tokens_total histogram" in text
-    assert 'vllm:iteration_tokens_total_bucket{model_name="llama",engine="0",le="1.0"}' in text
+    # prometheus_client writes labels sorted by name
+    assert 'vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="llama"}' in text
 
 
 def test_counts_match_the_records() -> None:
@@ -168,8 +172,7 @@ def test_cache_config_info_carries_the_kv_geometry() -> None:
     assert lab["engine"] == "0"
     line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info{"))
     order = [kv.split("=")[0] for kv in line[line.index("{") + 1 : line.index("}")].split('",')]
-    assert order[:6] == ["block_size", "user_specified_block_size", "kv_cache_layout",
-                         "prefix_match_unit", "gpu_memory_utilization", "cache_dtype"]  # fmt: skip
+    assert order == sorted(order) and len(order) == len(lab)  # prometheus_client sorts labels
 
 
 def test_live_gauges_follow_the_engine() -> None:
@@ -210,3 +213,61 @@ def test_hidden_metrics_come_back_only_for_versions_that_had_them(
 def test_served_model_name_defaults_to_the_model() -> None:
     eng = Engine(dataclasses.replace(CFG, served_model_name=None))
     assert 'model_name="meta-llama/Llama-3.1-8B-Instruct"' in eng.metrics.render()
+
+
+PROMETHEUS_2 = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+PROMETHEUS_3 = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8,"
+    "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.6,text/plain;version=0.0.4;q=0.3"
+)
+
+
+def test_plain_text_keeps_the_colons_and_adds_prometheus_clients_collectors() -> None:
+    eng, _, _ = run_workload(n=20)
+    body, headers = eng.metrics.exposition("text/plain;version=0.0.4")
+    assert headers == {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    text = body.decode()
+    fams = families(text)
+    assert sample(fams, "vllm:generation_tokens", "vllm:generation_tokens_total") > 0
+    assert "vllm:generation_tokens_created" in fams  # prometheus_client's _created series
+    assert "vllm:time_to_first_token_seconds_created" in fams
+    assert "process_cpu_seconds" in fams and "python_info" in fams
+    assert not any(name.startswith("vllm_") for name in fams)
+
+
+def test_prometheus_2_negotiates_openmetrics_and_gets_escaped_names() -> None:
+    eng, _, _ = run_workload(n=20)
+    body, headers = eng.metrics.exposition(PROMETHEUS_2)
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert "escaping=underscores" in headers["Content-Type"]
+    text = body.decode()
+    assert text.endswith("# EOF\n")
+    samples = [line for line in text.splitlines() if not line.startswith("#")]
+    # prometheus_client escapes the sample names (its HELP/TYPE lines keep the colons)
+    assert not any(line.startswith("vllm:") for line in samples)
+    assert any(line.startswith("vllm_num_requests_running{") for line in samples)
+    assert (
+        'vllm_request_success_total{engine="0",finished_reason="length",model_name="llama"} 20.0'
+        in text
+    )
+
+
+def test_prometheus_3_asks_for_utf8_and_keeps_the_colons() -> None:
+    eng, _, _ = run_workload(n=5)
+    body, headers = eng.metrics.exposition(PROMETHEUS_3)
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    text = body.decode()
+    assert "vllm:num_requests_running{" in text and "vllm_" not in text
+
+
+def test_gzip_and_name_filter_like_prometheus_clients_app() -> None:
+    eng, _, _ = run_workload(n=5)
+    body, headers = eng.metrics.exposition(
+        "", "gzip, deflate", ["vllm:num_requests_running", "vllm:generation_tokens_total"]
+    )
+    assert headers["Content-Encoding"] == "gzip"
+    text = gzip.decompress(body).decode()
+    assert set(families(text)) == {"vllm:num_requests_running", "vllm:generation_tokens"}

@@ -205,3 +205,34 @@ def test_the_fidelity_harness_reports_sim_against_measured(tmp_path: Path) -> No
     assert rep["kv_blocks"]["error"] == 0
     assert data["median_abs_error"]["TPOT mean"]["median"] == pytest.approx(0.1)
     assert "tiny" in (out / "fidelity.md").read_text()
+
+
+def test_llama4_scout_fp8_replays_from_its_config_json(tmp_path: Path) -> None:
+    """A held-out architecture: FP8 weights with a BF16 KV cache, a shared expert beside 16
+    routed ones, the language model nested under text_config, TP2 on H100."""
+    from tests.unit.sim.test_catalog import SCOUT_FP8
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SCOUT_FP8))
+    data = {
+        "format": "vllm-sim-runs/v1",
+        "runs": [{
+            "id": "scout", "model": str(path), "gpu": "H100", "tp": 2, "quantization": "fp8",
+            "knobs": {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
+                      "kv_cache_dtype": "auto"},
+            "workload": {"system_prompt_tokens": 100, "question_tokens": 447,
+                         "output_tokens": 64, "groups": 3, "prompts_per_group": 3,
+                         "repeat_prompts": True, "stages": [{"rate": 4, "duration": 20}]},
+            "results": [{"segment": 0, "tpot_ms": {"mean": 10.0}}],
+        }],
+    }  # fmt: skip
+    [run] = parse_runs(data)
+    cfg = engine_config(run)
+    assert cfg.quantization is None  # the checkpoint's own config says FP8
+    result = replay(run, seed=0)
+    assert len(result.records) == 80 and all(r.finish_reason == "length" for r in result.records)
+    engine = Engine(cfg)
+    assert engine.model.quant.compute == "fp8" and engine.kv.kv_dtype_bytes == 2
+    tpot = result.stats(run.results[0]).tpot_ms["mean"]
+    # two H100s read ~17 GB of FP8 weights per step between them: a few ms per token
+    assert 3.0 < tpot < 15.0

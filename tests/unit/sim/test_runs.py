@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_sim.runs import RunsFileError, calibration_runs_path, load_runs, parse_runs
+from vllm_sim.runs import (
+    RunsFileError,
+    calibration_runs_path,
+    check_runs_path,
+    fit_runs_paths,
+    load_runs,
+    parse_runs,
+)
 
 
 def minimal() -> dict[str, Any]:
@@ -118,6 +125,8 @@ def _set(data: dict[str, Any], path: list[Any], value: object) -> None:
         (["workloads", "chat", "prompt_tokens"], 20, "leaves no room"),
         (["format"], "v0", "expected 'vllm-sim-runs/v1'"),
         (["runs"], [], "runs: expected a non-empty list"),
+        (["runs", 0, "knobs", "kv_cache_dtype"], "int3", "kv_cache_dtype: expected one of auto"),
+        (["runs", 0, "quantization"], [8], "runs[0].quantization: expected a non-empty string"),
     ],
 )
 def test_invalid_files_name_the_bad_field(path: list[Any], value: object, message: str) -> None:
@@ -140,3 +149,39 @@ def test_syntax_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text("runs: [\n")
     with pytest.raises(RunsFileError, match=r"broken\.yaml"):
         load_runs(bad)
+
+
+def test_kv_cache_dtype_and_weight_precision_reach_the_replayed_engine() -> None:
+    from vllm_sim.replay import engine_config
+
+    data = minimal()
+    data["runs"][0]["knobs"]["kv_cache_dtype"] = "fp8"
+    data["runs"][0]["quantization"] = "fp8"
+    data["runs"][0]["model"] = "meta-llama/Llama-3.1-8B-Instruct"
+    [run] = parse_runs(data)
+    assert (run.knobs.kv_cache_dtype, run.quantization) == ("fp8", "fp8")
+    cfg = engine_config(run)
+    assert (cfg.kv_cache_dtype, cfg.quantization) == ("fp8", "fp8")
+    [plain] = parse_runs(minimal())
+    assert (plain.knobs.kv_cache_dtype, plain.quantization) == ("auto", None)
+    assert engine_config(plain).quantization is None
+
+
+def test_every_shipped_runs_file_parses_and_fit_and_check_sets_are_disjoint() -> None:
+    fit = {r.id for f in fit_runs_paths() for r in load_runs(f)}
+    check = {r.id for r in load_runs(check_runs_path())}
+    assert fit and check and not fit & check
+    gpus = {r.gpu for r in load_runs(check_runs_path())}
+    assert {"A100-80GB", "L40S", "H100"} <= gpus
+    assert {r.gpu for f in fit_runs_paths() for r in load_runs(f)} == {"H100"}
+
+
+def test_fit_and_check_sets_are_disjoint_and_split_by_gpu() -> None:
+    """docs/fidelity.md, "Fit and check": no run (by id or by source row) is in both sets, the
+    fit set is H100 only, and every other GPU's runs are held out."""
+    fit = [r for p in fit_runs_paths() for r in load_runs(p)]
+    check = load_runs(check_runs_path())
+    assert {r.id for r in fit}.isdisjoint({r.id for r in check})
+    assert {r.source for r in fit}.isdisjoint({r.source for r in check})
+    assert {r.gpu for r in fit} == {"H100"}
+    assert {"A100-80GB", "L40S"} <= {r.gpu for r in check}
