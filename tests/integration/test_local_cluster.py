@@ -116,7 +116,7 @@ def test_cluster_serves_pods_to_prometheus_and_leaves_nothing_behind(tmp_path: P
         assert cluster.prometheus is not None
         result = wait_for_query(
             cluster.prometheus,
-            'vllm:num_requests_running{job="vllm",namespace="team"}',
+            '{__name__=~"vllm[:_]num_requests_running",job="vllm",namespace="team"}',
             timeout=30,
         )
         assert result[0]["metric"]["pod"] == pod_name
