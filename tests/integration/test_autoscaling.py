@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from tests.integration.test_rbac_matches_usage import ROLE, grant_chart_rules
 from tests.support.cluster_api import (
     CR,
     CR_PATH,
@@ -20,6 +21,7 @@ from tests.support.cluster_api import (
     ApiServer,
     RequestRecord,
 )
+from tests.support.helm import chart_rbac_rules
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.autoscaling import HANDOFF_MANAGER
@@ -161,12 +163,25 @@ def test_switching_to_an_autoscaler_on_the_deployment_keeps_the_count(
     apiserver: ApiServer, api: Api
 ) -> None:
     """The operator owned spec.replicas (3); after the switch its applies leave the field out,
-    which would reset the count to 1 had it not handed the field over first."""
+    which would reset the count to 1 had it not handed the field over first. The operator runs
+    with exactly the chart's RBAC rules."""
     api.create(POLICY_PATH, POLICY)
     cr = copy.deepcopy(CR)
     cr["spec"]["replicas"] = 3
     api.create(CR_PATH, cr)
     path = f"{DEPLOYMENT_PATH}/llama"
+    grant_chart_rules(api, chart_rbac_rules())
+    apiserver.control_plane.bind_operator(ROLE)
+    try:
+        switch_and_scale(apiserver, api, path)
+    finally:
+        apiserver.control_plane.bind_operator("cluster-admin")
+    refused = [r for r in apiserver.requests_by("vllm-autotuner") if r.status_code == 403]
+    assert refused == []
+    assert operator_replica_writes(apiserver) == []
+
+
+def switch_and_scale(apiserver: ApiServer, api: Api, path: str) -> None:
     with running_operator(apiserver.operator_credentials(), interval_s=1.0):
         wait_for(lambda: api.get(path), 20, message="Deployment")
         settled_replicas(api, 3)
@@ -194,4 +209,3 @@ def test_switching_to_an_autoscaler_on_the_deployment_keeps_the_count(
         scale(api, path, 5)
         settled_replicas(api, 5)
         assert replicas_owners(api.get(path) or {}) == {AUTOSCALER}
-    assert operator_replica_writes(apiserver) == []

@@ -87,10 +87,11 @@ RBAC rules for the namespaced objects the operator reads and writes. Used by the
 - apiGroups: [vllm.autotuner.io]
   resources: [vllmdeployments/finalizers]
   verbs: [update]
-# Children are read through watches; server-side apply needs create (first apply) and patch.
+# Children are read through watches; server-side apply needs create (first apply) and patch;
+# get reads managedFields once, to hand spec.replicas to an autoscaler (docs/autoscaling.md).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [list, watch, create, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [services]
   verbs: [list, watch, create, patch]
