@@ -44,12 +44,14 @@ def closed_loop(tmp_path: Path) -> Iterator[MakeLoop]:
         *,
         time_scale: float = 5.0,
         reconcile_interval_s: float = 3.0,
+        audit: bool = False,
     ) -> ClosedLoop:
         loop = ClosedLoop(
             tmp_path / f"cluster-{len(loops)}",
             sim_env=sim_env,
             time_scale=time_scale,
             reconcile_interval_s=reconcile_interval_s,
+            audit=audit,
         )
         loops.append(loop)
         return loop.start()

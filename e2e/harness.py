@@ -187,6 +187,7 @@ class ClosedLoop:
         sim_env: Mapping[str, str] | None = None,
         reconcile_interval_s: float = 3.0,
         min_window: str = "30s",
+        audit: bool = False,
     ) -> None:
         self.workdir = workdir
         self.namespace = namespace
@@ -194,7 +195,7 @@ class ClosedLoop:
         self.reconcile_interval_s = reconcile_interval_s
         self.min_window = min_window
         self.cluster = LocalCluster(
-            workdir=workdir, time_scale=time_scale, speed=time_scale, sim_env=sim_env
+            workdir=workdir, time_scale=time_scale, speed=time_scale, sim_env=sim_env, audit=audit
         )
         self.proxy: ServiceProxy | None = None
         self.operator: subprocess.Popen[bytes] | None = None

@@ -258,7 +258,7 @@ class Controller:
         for note in start.notes:
             if previous_tuning.get("startNote") != note:
                 outcome.events.append(Event("Warning", "KnobsClamped", note))
-        owner_kind: Owner = spec.autoscaling.target
+        owner_kind: Owner = spec.autoscaling.target or "VLLMDeployment"
         tuned = await self._tune(
             (namespace, name),
             spec,
@@ -440,7 +440,7 @@ class Controller:
         """One model per deployment, kept across reconciles so its caches pay off."""
         # The replica count and rollout settings are not the model's business: a scale event
         # must not throw away its caches.
-        ctx = replace(ctx, replicas=1, rollout=RolloutSettings())
+        ctx = replace(ctx, replicas=1, rollout=RolloutSettings(), autoscaled=False)
         cached = self._models.get(key)
         if cached is None or cached[0] != ctx:
             cached = (ctx, self.model_factory(ctx))

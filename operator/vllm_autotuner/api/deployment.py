@@ -349,18 +349,19 @@ AutoscalingTarget = Literal["VLLMDeployment", "Deployment"]
 
 
 class AutoscalingSpec(SpecModel):
-    """Who may own the replica count besides Git: which object a replica autoscaler (HPA,
-    KEDA, llm-d's variant autoscaler) scales. The operator never writes a replica count that
-    an autoscaler owns (docs/autoscaling.md)."""
+    """Whether a replica autoscaler (HPA, KEDA, llm-d's) owns the replica count, and which
+    object it scales. The operator never writes a replica count that an autoscaler owns
+    (docs/autoscaling.md)."""
 
-    target: AutoscalingTarget = Field(
-        default="VLLMDeployment",
-        description="VLLMDeployment: the replica count is spec.replicas here, written by you or "
-        "by an autoscaler through the scale subresource; the operator splits it between the "
-        "stable and canary Deployments. Deployment: an autoscaler scales the owned Deployment "
-        "itself; the operator never sets its spec.replicas (spec.replicas here is only the "
-        "size it is created with), and a canary is one extra pod, so it needs rollout.maxSurge "
-        "(without surge trials are rolling).",
+    target: AutoscalingTarget | None = Field(
+        default=None,
+        description="Unset: no autoscaler; spec.replicas is yours (Git). VLLMDeployment: an "
+        "autoscaler writes spec.replicas here through the scale subresource; the operator "
+        "splits it between the stable and canary Deployments. Deployment: an autoscaler scales "
+        "the owned Deployment itself; the operator never sets its spec.replicas (spec.replicas "
+        "here is only the size it is created with), and a canary is one extra pod, so it needs "
+        "rollout.maxSurge (without surge trials are rolling). With either, the tuner counts a "
+        "capacity gain as the replicas the autoscaler will save.",
     )
 
 

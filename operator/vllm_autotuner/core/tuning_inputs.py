@@ -135,6 +135,7 @@ def deployment_context(
         enable_prefix_caching=spec.engine.enable_prefix_caching is not False,
         replicas=n,
         rollout=rollout_settings(spec, load_time_s, n),
+        autoscaled=spec.autoscaling.target is not None,
     )
 
 

@@ -34,6 +34,7 @@ from vllm_autotuner.core.autoscaling import (
     track,
 )
 from vllm_autotuner.core.decide import decide
+from vllm_autotuner.core.economics import keep_time_s, replicas_freed_requests, worth_restart
 from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.rollout import pod_failure
 from vllm_autotuner.core.snapshot import Observation, Scaling
@@ -282,3 +283,39 @@ def test_a_trial_publishes_the_lower_of_last_good_and_candidate() -> None:
 )  # fmt: skip
 def test_who_owns_the_replica_count(entries: list[dict[str, Any]] | None, owned: bool) -> None:
     assert owns_replicas(entries, "vllm-autotuner") is owned
+
+
+# ----------------------------------------------------------------------------- economics
+
+
+def test_beside_an_autoscaler_more_capacity_is_worth_the_replicas_it_frees() -> None:
+    """Below capacity a pod serves no more with better knobs; an autoscaler then gives back
+    replicas: at 8 req/s/pod on 3 pods, capacity 14 -> 30 frees 53 % of the GPU time."""
+    rules = make_policy().rollout
+    canary = replace(CTX, replicas=3, rollout=replace(CTX.rollout, max_surge=0))
+    plain = worth_restart(canary, rules, "Canary", 14.0, 30.0, 8.0, 8.0)
+    assert plain.gain_requests == 0 and not plain.worth
+    scaled = worth_restart(replace(canary, autoscaled=True), rules, "Canary", 14.0, 30.0, 8.0, 8.0)
+    keep = keep_time_s(rules)
+    assert scaled.gain_requests == pytest.approx(8.0 * 3 * keep * (1 - 14.0 / 30.0))
+    assert scaled.worth and "53% fewer replicas" in scaled.text
+    worse = worth_restart(replace(canary, autoscaled=True), rules, "Canary", 14.0, 12.0, 8.0, 8.0)
+    assert worse.gain_requests == 0 and not worse.worth
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(0.1, 100.0),
+    st.floats(0.1, 100.0),
+    st.floats(0.1, 100.0),
+    st.floats(0.0, 50.0),
+    st.integers(1, 16),
+)
+def test_freed_replicas_grow_with_the_new_capacity(
+    now: float, new: float, more: float, rate: float, replicas: int
+) -> None:
+    ctx = replace(CTX, replicas=replicas, autoscaled=True)
+    low = replicas_freed_requests(now, new, rate, ctx, 3600.0)
+    high = replicas_freed_requests(now, new + more, rate, ctx, 3600.0)
+    assert 0.0 <= low <= high <= rate * replicas * 3600.0 + 1e-6
+    assert (low > 0) == (new > now and rate > 0)
