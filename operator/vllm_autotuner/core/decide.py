@@ -769,6 +769,15 @@ def _steady(
         return _done(s, now, "hold", waits, None, (), diag, pred, memo, seen)
     strategy: Strategy = "Canary" if ctx.replicas >= 2 and ctx.rollout.canary else "Rolling"
     rate_ref = max(rate, s.peak_rate or 0.0)
+    if not diag.violates_slo and current.capacity_rps >= rate_ref > pred.capacity_rps:
+        # Healthy now, and the current knobs carry the busiest window seen lately: a change
+        # judged at today's load must not give that up (a trough hides the cliff).
+        text = (
+            f"{summary}; not rolled out: it would carry {pred.capacity_rps:.2f} req/s/pod, "
+            f"below the {rate_ref:.2f} req/s/pod seen lately that the current knobs carry"
+        )
+        held = replace(s, phase="Observing", headroom_wait_since=None)
+        return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
     room = headroom(ctx, current.capacity_rps, rate)
     worth = worth_restart(
         ctx,
