@@ -16,12 +16,23 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from vllm_autotuner.api.common import (
     MODES,
     KnobsSpec,
+    LabelKey,
+    LabelValue,
     Mode,
     Rule,
     SLOOverrides,
     SpecModel,
     cel,
     section,
+)
+from vllm_autotuner.api.k8s import (
+    Affinity,
+    EnvFromSource,
+    EnvVar,
+    ResourceRequirements,
+    Toleration,
+    Volume,
+    VolumeMount,
 )
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
@@ -203,17 +214,14 @@ class GPUSpec(SpecModel):
     )
 
 
-FreeObject = dict[str, Any]
-
-
 class Placement(SpecModel):
-    """Scheduling constraints, passed to the pod template unchanged."""
+    """Scheduling constraints, passed to the pod template as Kubernetes spells them."""
 
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, alias="nodeSelector", max_length=64
     )
-    tolerations: list[FreeObject] = Field(default_factory=list, max_length=64)
-    affinity: FreeObject = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    affinity: Affinity | None = None
     priority_class_name: str | None = Field(
         default=None, alias="priorityClassName", max_length=253, pattern=K8S_NAME_PATTERN
     )
@@ -268,22 +276,20 @@ class TuningSpec(SpecModel):
 
 
 class PodSettings(SpecModel):
-    """Pod-level additions; Kubernetes sub-objects stay free-form to keep the CRD small."""
+    """Pod-level additions, typed as core/v1 types so that depth and size are bounded."""
 
-    env: list[FreeObject] = Field(default_factory=list, max_length=256)
-    env_from: list[FreeObject] = Field(default_factory=list, alias="envFrom", max_length=64)
-    volumes: list[FreeObject] = Field(default_factory=list, max_length=64)
-    volume_mounts: list[FreeObject] = Field(
+    env: list[EnvVar] = Field(default_factory=list, max_length=256)
+    env_from: list[EnvFromSource] = Field(default_factory=list, alias="envFrom", max_length=64)
+    volumes: list[Volume] = Field(default_factory=list, max_length=64)
+    volume_mounts: list[VolumeMount] = Field(
         default_factory=list, alias="volumeMounts", max_length=64
     )
-    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict, max_length=64
+    annotations: dict[LabelKey, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=48
     )
-    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
-        default_factory=dict, max_length=64
-    )
-    resources: FreeObject = Field(
-        default_factory=dict, description="Extra cpu/memory requests and limits."
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64)
+    resources: ResourceRequirements = section(
+        ResourceRequirements, "Extra cpu/memory requests and limits."
     )
     service_account_name: str | None = Field(
         default=None, alias="serviceAccountName", max_length=253, pattern=K8S_NAME_PATTERN

@@ -152,10 +152,9 @@ def _probe(path: str, period: int, failure_threshold: int, timeout: int = 5) -> 
 def _container(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
     pod = spec.pod
     gpu_limits = {spec.gpu.resource_name: str(spec.gpu.count)}
-    user_resources: dict[str, Any] = dict(pod.resources or {})
-    requests = {**dict(user_resources.get("requests") or {}), **gpu_limits}
-    limits = {**dict(user_resources.get("limits") or {}), **gpu_limits}
-    mounts: list[dict[str, Any]] = [dict(m) for m in pod.volume_mounts]
+    requests = {**pod.resources.requests, **gpu_limits}
+    limits = {**pod.resources.limits, **gpu_limits}
+    mounts: list[dict[str, Any]] = [m.to_k8s() for m in pod.volume_mounts]
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -174,9 +173,9 @@ def _container(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
         "volumeMounts": mounts,
     }
     if pod.env:
-        container["env"] = [dict(e) for e in pod.env]
+        container["env"] = [e.to_k8s() for e in pod.env]
     if pod.env_from:
-        container["envFrom"] = [dict(e) for e in pod.env_from]
+        container["envFrom"] = [e.to_k8s() for e in pod.env_from]
     return container
 
 
@@ -187,7 +186,7 @@ def _pod_spec(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
         shm["sizeLimit"] = f"{spec.pod.shm_size_gi:g}Gi"
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec, knobs)],
-        "volumes": [*[dict(v) for v in spec.pod.volumes], {"name": "dshm", "emptyDir": shm}],
+        "volumes": [*[v.to_k8s() for v in spec.pod.volumes], {"name": "dshm", "emptyDir": shm}],
         # vLLM aborts in-flight requests on SIGTERM unless --shutdown-timeout is set; give it
         # time to exit cleanly (vllm.md §5.3).
         "terminationGracePeriodSeconds": 60,
@@ -195,9 +194,9 @@ def _pod_spec(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
     if placement.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(placement.node_selector.items()))
     if placement.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in placement.tolerations]
-    if placement.affinity:
-        pod_spec["affinity"] = dict(placement.affinity)
+        pod_spec["tolerations"] = [t.to_k8s() for t in placement.tolerations]
+    if placement.affinity is not None and placement.affinity.to_k8s():
+        pod_spec["affinity"] = placement.affinity.to_k8s()
     if placement.priority_class_name:
         pod_spec["priorityClassName"] = placement.priority_class_name
     if spec.pod.service_account_name:
