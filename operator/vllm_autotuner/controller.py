@@ -8,23 +8,25 @@ anything is in `core/` and tested without a cluster.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
 from vllm_autotuner import API_VERSION
-from vllm_autotuner.adapters.kube import KubeClient, resource_path
+from vllm_autotuner.adapters.kube import KubeClient, KubeError, resource_path
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.promql import SnapshotTarget
-from vllm_autotuner.api.deployment import VLLMDeploymentSpec
+from vllm_autotuner.api.deployment import VLLMDeploymentSpec, child_name_problem
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
 from vllm_autotuner.core import render
-from vllm_autotuner.core.conditions import ConditionUpdate
+from vllm_autotuner.core.conditions import ConditionUpdate, format_time
 from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
 from vllm_autotuner.core.policy import Resolution, resolve
@@ -56,6 +58,36 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+
+
+REFUSED_STATUSES = (400, 422)  # the API server refused the object itself: retrying cannot help
+REJECTION_BACKOFF_S = (60.0, 1800.0)  # first and longest wait before re-sending a refused child
+
+
+def rejection_backoff(failures: int) -> timedelta:
+    """60 s after the first refusal, doubling, at most 30 minutes."""
+    first, longest = REJECTION_BACKOFF_S
+    return timedelta(seconds=min(longest, first * 2 ** max(0, min(failures, 20) - 1)))
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A child the API server refused: what was sent, how often, and when to try again."""
+
+    digest: str
+    failures: int
+    message: str
+    retry_at: datetime
+
+    def describe(self, kind: str) -> str:
+        return (
+            f"the API server refused the {kind}: {self.message}; not sent again before "
+            f"{format_time(self.retry_at)} unless it changes"
+        )
 
 
 @dataclass
@@ -106,6 +138,9 @@ class Controller:
         # a reconcile from an older copy (an index or kopf body behind the watch) would decide
         # again from the state before that write, e.g. re-apply a trial it just rolled back.
         self._written: dict[tuple[str, str], Mapping[str, Any]] = {}
+        # Children the API server refused, by (namespace, name, kind): not re-sent unchanged
+        # before their back-off ends.
+        self._rejected: dict[tuple[str, str, str], Rejection] = {}
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One reconcile at a time per object: the periodic one and the event handlers share it."""
@@ -115,6 +150,7 @@ class Controller:
         self._locks.pop((namespace, name), None)
         for kind in ("Deployment", "Service"):
             self._applied.pop((namespace, name, kind), None)
+            self._rejected.pop((namespace, name, kind), None)
         self._models.pop((namespace, name), None)
         self._searches.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
@@ -172,14 +208,18 @@ class Controller:
 
         try:
             spec = VLLMDeploymentSpec.model_validate(dict(body.get("spec") or {}))
+            refusal = None if (bad := child_name_problem(name)) is None else ("InvalidName", bad)
         except ValidationError as exc:
-            message = f"spec is invalid: {_first_errors(exc)}"
+            refusal = ("InvalidSpec", f"spec is invalid: {_first_errors(exc)}")
+        if refusal is not None:
+            reason, message = refusal
             updates += [
-                ConditionUpdate("Degraded", "True", "InvalidSpec", message),
-                ConditionUpdate("PolicyResolved", "Unknown", "InvalidSpec", message),
+                ConditionUpdate("Degraded", "True", reason, message),
+                ConditionUpdate("PolicyResolved", "Unknown", reason, message),
                 readiness(child),
             ]
-            outcome.events.append(Event("Warning", "InvalidSpec", message))
+            if previous_reason(previous, "Degraded") != reason:
+                outcome.events.append(Event("Warning", reason, message))
             await self._write_status(
                 namespace, name, previous, generation, now, updates, {}, outcome
             )
@@ -237,12 +277,7 @@ class Controller:
             "Deployment": render.render_deployment(spec, knobs, owner),
             "Service": render.render_service(spec, owner),
         }
-        for kind, manifest in desired.items():
-            live = children.get(kind)
-            if live is None or render.drifted(manifest, live):
-                result = await self.kube.apply(manifest)
-                self._applied[(namespace, name, kind)] = (time.monotonic(), child_copy(result))
-                outcome.applied.append(kind)
+        refused = await self._apply_children((namespace, name), desired, children, now, outcome)
         if "Deployment" in outcome.applied:
             outcome.events.append(
                 _deployment_event(
@@ -263,7 +298,11 @@ class Controller:
             fields["observed"] = keep_stamp(
                 {"_": tuned.observed}, {"_": previous.get("observed")}, "_", "time"
             )["_"]
-        degraded = tuned.degraded or ConditionUpdate("Degraded", "False", "AsExpected", "")
+        degraded = (
+            refused or tuned.degraded or ConditionUpdate("Degraded", "False", "AsExpected", "")
+        )
+        if refused is not None and previous_reason(previous, "Degraded") != refused.reason:
+            outcome.events.append(Event("Warning", refused.reason, refused.message))
         updates += [
             ConditionUpdate("PolicyResolved", "True", resolution.reason, resolution.message),
             degraded,
@@ -276,6 +315,64 @@ class Controller:
             namespace, name, previous, generation, now, updates, fields, outcome
         )
         return outcome
+
+    async def _apply_children(
+        self,
+        key: tuple[str, str],
+        desired: Mapping[str, Mapping[str, Any]],
+        children: Mapping[str, Mapping[str, Any] | None],
+        now: datetime,
+        outcome: Outcome,
+    ) -> ConditionUpdate | None:
+        """Apply each child that is missing or drifted; a Degraded update if one was refused.
+
+        A child the API server refuses (400/422: a value the CRD could not check) is not sent
+        again, unchanged, until its back-off ends: the same PATCH would only fail again.
+        """
+        namespace, name = key
+        problems: list[str] = []
+        for kind, manifest in desired.items():
+            live = children.get(kind)
+            if live is not None and not render.drifted(manifest, live):
+                self._rejected.pop((namespace, name, kind), None)
+                continue
+            held = self._rejected.get((namespace, name, kind))
+            digest = manifest_digest(manifest)
+            if held is not None and held.digest == digest and now < held.retry_at:
+                problems.append(held.describe(kind))
+                continue
+            try:
+                result = await self.kube.apply(dict(manifest))
+            except KubeError as exc:
+                if exc.status not in REFUSED_STATUSES:
+                    raise
+                failures = held.failures + 1 if held is not None and held.digest == digest else 1
+                rejection = Rejection(digest, failures, str(exc), now + rejection_backoff(failures))
+                self._rejected[(namespace, name, kind)] = rejection
+                problems.append(rejection.describe(kind))
+                continue
+            self._rejected.pop((namespace, name, kind), None)
+            self._applied[(namespace, name, kind)] = (time.monotonic(), child_copy(result))
+            outcome.applied.append(kind)
+        if not problems:
+            return None
+        return ConditionUpdate("Degraded", "True", "ChildRejected", "; ".join(problems))
+
+    async def _write_status_refused(
+        self,
+        path: str,
+        previous: Mapping[str, Any],
+        generation: int | None,
+        now: datetime,
+        exc: KubeError,
+    ) -> dict[str, Any]:
+        """After a refused status write: the conditions alone, so status is never left empty
+        or silently stale; {} when they already say so."""
+        log.warning("%s: the API server refused the status update: %s", path, exc)
+        patch = _status_refused_patch(previous, generation, now, exc)
+        if not patch:
+            return {}
+        return await self.kube.merge_patch(path, {"status": patch}, subresource="status")
 
     def child_deleted(self, namespace: str, name: str, kind: str) -> None:
         """The watch saw our child deleted: what we applied before no longer stands."""
@@ -472,10 +569,38 @@ class Controller:
         if not patch:
             return
         path = resource_path(API_VERSION, "vllmdeployments", namespace, name)
-        result = await self.kube.merge_patch(path, {"status": patch}, subresource="status")
+        key = (namespace, name, "status")
+        held = self._rejected.get(key)
+        digest = manifest_digest(patch)
+        try:
+            if held is not None and held.digest == digest and now < held.retry_at:
+                raise KubeError(422, held.message)
+            result = await self.kube.merge_patch(path, {"status": patch}, subresource="status")
+        except KubeError as exc:
+            if exc.status not in REFUSED_STATUSES:
+                raise
+            failures = held.failures + 1 if held is not None and held.digest == digest else 1
+            self._rejected[key] = Rejection(
+                digest, failures, str(exc), now + rejection_backoff(failures)
+            )
+            result = await self._write_status_refused(path, previous, generation, now, exc)
+            if not result:
+                return
+        else:
+            self._rejected.pop(key, None)
         outcome.status_written = True
         if isinstance(result.get("metadata"), Mapping) and "status" in result:
             self._written[(namespace, name)] = child_copy(result)
+
+
+def _status_refused_patch(
+    previous: Mapping[str, Any], generation: int | None, now: datetime, exc: KubeError
+) -> dict[str, Any]:
+    """A status the API server cannot refuse: only the conditions, saying why."""
+    message = f"the API server refused the status update: {exc}"
+    update = ConditionUpdate("Degraded", "True", "StatusRejected", message)
+    new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
+    return status_patch(previous, new)
 
 
 def _deployment_event(

@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel
 
 from vllm_autotuner import GROUP, VERSION
-from vllm_autotuner.api.common import cel_literal
-from vllm_autotuner.api.deployment import VLLMDeploymentSpec
+from vllm_autotuner.api.common import Rule, cel_literal
+from vllm_autotuner.api.deployment import CHILD_NAME, VLLMDeploymentSpec
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
 from vllm_autotuner.api.status import VLLMDeploymentStatus, VLLMTuningPolicyStatus
 
@@ -151,11 +151,13 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _root_schema(
-    description: str, spec: type[BaseModel], status: type[BaseModel]
+    description: str, spec: type[BaseModel], status: type[BaseModel], *rules: Rule
 ) -> dict[str, Any]:
+    extra = {VALIDATIONS: [r.as_schema() for r in rules]} if rules else {}
     return {
         "type": "object",
         "description": description,
+        **extra,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},
@@ -246,6 +248,7 @@ def deployment_crd() -> dict[str, Any]:
             "A vLLM server that the operator deploys and tunes against an SLO.",
             VLLMDeploymentSpec,
             VLLMDeploymentStatus,
+            CHILD_NAME,
         ),
         columns=columns,
     )

@@ -19,10 +19,12 @@ from vllm_autotuner.api.common import (
     LabelKey,
     LabelValue,
     Mode,
+    QualifiedName,
     Rule,
     SLOOverrides,
     SpecModel,
     cel,
+    cel_literal,
     section,
 )
 from vllm_autotuner.api.k8s import (
@@ -148,6 +150,61 @@ EXTRA_ARG_NOT_OWNED = Rule(
         " use the spec fields"
     ),
 )
+CHILD_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+CHILD_NAME = Rule(
+    rule=(
+        f"!has(self.metadata.name) || self.metadata.name.matches({cel_literal(CHILD_NAME_PATTERN)})"
+    ),
+    message=(
+        "metadata.name names the Service and the Deployment: it must be a DNS-1035 label"
+        " (lower-case letters, digits and '-', starting with a letter, at most 63 characters)"
+    ),
+    field_path=".metadata.name",
+)
+_CHILD_NAME = re.compile(CHILD_NAME_PATTERN)
+
+
+def child_name_problem(name: str) -> str | None:
+    """Why the API server would refuse children named ``name`` (None when it would not)."""
+    return None if _CHILD_NAME.fullmatch(name) else f"{CHILD_NAME.message}; got {name[:80]!r}"
+
+
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
+VOLUMES_NOT_RESERVED = Rule(
+    rule=f"!has(self.volumes) || self.volumes.all(v, v.name != '{SHM_VOLUME}')",
+    message=f"the volume name {SHM_VOLUME} is the operator's own (/dev/shm)",
+    field_path=".volumes",
+)
+MOUNTS_NOT_RESERVED = Rule(
+    rule=(
+        f"!has(self.volumeMounts) || self.volumeMounts.all(m, m.name != '{SHM_VOLUME}'"
+        f" && !m.mountPath.matches('^{SHM_PATH}/*$'))"
+    ),
+    message="/dev/shm and the volume dshm are the operator's own; use pod.shmSizeGi",
+    field_path=".volumeMounts",
+)
+VOLUME_NAMES_UNIQUE = Rule(
+    rule="!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+    message="volume names must be unique",
+    field_path=".volumes",
+)
+MOUNTS_NAME_VOLUMES = Rule(
+    rule=(
+        "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes)"
+        " && self.volumes.exists(v, v.name == m.name))"
+    ),
+    message="every volumeMount must name one of pod.volumes",
+    field_path=".volumeMounts",
+)
+MOUNT_PATHS_UNIQUE = Rule(
+    rule=(
+        "!has(self.volumeMounts) || self.volumeMounts.all(m,"
+        " self.volumeMounts.exists_one(n, n.mountPath == m.mountPath))"
+    ),
+    message="volumeMount paths must be unique",
+    field_path=".volumeMounts",
+)
 TP_LE_GPU_COUNT = Rule(
     rule=(
         "!has(self.engine) || !has(self.engine.tensorParallelSize)"
@@ -192,13 +249,7 @@ class GPUSpec(SpecModel):
     """What the pod asks for, and which GPU it lands on (vLLM's defaults depend on it)."""
 
     count: int = Field(default=1, ge=1, le=16, description="GPUs per replica.")
-    resource_name: str = Field(
-        default="nvidia.com/gpu",
-        alias="resourceName",
-        min_length=1,
-        max_length=253,
-        pattern=NO_WHITESPACE_PATTERN,
-    )
+    resource_name: QualifiedName = Field(default="nvidia.com/gpu", alias="resourceName")
     product: str | None = Field(
         default=None,
         max_length=64,
@@ -278,6 +329,16 @@ class TuningSpec(SpecModel):
 class PodSettings(SpecModel):
     """Pod-level additions, typed as core/v1 types so that depth and size are bounded."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            VOLUMES_NOT_RESERVED,
+            MOUNTS_NOT_RESERVED,
+            VOLUME_NAMES_UNIQUE,
+            MOUNTS_NAME_VOLUMES,
+            MOUNT_PATHS_UNIQUE,
+        )
+    )
+
     env: list[EnvVar] = Field(default_factory=list, max_length=256)
     env_from: list[EnvFromSource] = Field(default_factory=list, alias="envFrom", max_length=64)
     volumes: list[Volume] = Field(default_factory=list, max_length=64)
@@ -297,6 +358,25 @@ class PodSettings(SpecModel):
     shm_size_gi: float | None = Field(
         default=None, alias="shmSizeGi", gt=0, le=1024, description="Size of /dev/shm in GiB."
     )
+
+    @model_validator(mode="after")
+    def _volumes_fit_the_pod(self) -> PodSettings:
+        """The API server refuses a pod whose volumes collide; refuse it here, with why."""
+        names = [v.name for v in self.volumes]
+        if SHM_VOLUME in names:
+            raise ValueError(VOLUMES_NOT_RESERVED.message)
+        if len(set(names)) != len(names):
+            raise ValueError(VOLUME_NAMES_UNIQUE.message)
+        paths = [m.mount_path for m in self.volume_mounts]
+        if any(
+            m.name == SHM_VOLUME or m.mount_path.rstrip("/") == SHM_PATH for m in self.volume_mounts
+        ):
+            raise ValueError(MOUNTS_NOT_RESERVED.message)
+        if any(m.name not in names for m in self.volume_mounts):
+            raise ValueError(MOUNTS_NAME_VOLUMES.message)
+        if len(set(paths)) != len(paths):
+            raise ValueError(MOUNT_PATHS_UNIQUE.message)
+        return self
 
 
 class ServiceSpec(SpecModel):

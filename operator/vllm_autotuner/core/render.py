@@ -76,6 +76,19 @@ def format_utilization(value: float) -> str:
     return text + "0" if text.endswith(".") else text
 
 
+def gib_quantity(gib: float) -> str:
+    """A size in GiB as a Kubernetes quantity, in the largest binary unit that is exact.
+
+    ``f"{x:g}Gi"`` writes 1e-05 GiB as ``1e-05Gi``, which no quantity grammar accepts: the API
+    server refused the whole Deployment. Whole bytes in the largest exact unit always parse.
+    """
+    size = max(1, round(gib * 2**30))
+    for unit, factor in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
 def child_labels(owner_name: str) -> dict[str, str]:
     return {
         DEPLOYMENT_LABEL: owner_name,
@@ -183,7 +196,7 @@ def _pod_spec(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
     placement = spec.placement
     shm: dict[str, Any] = {"medium": "Memory"}
     if spec.pod.shm_size_gi is not None:
-        shm["sizeLimit"] = f"{spec.pod.shm_size_gi:g}Gi"
+        shm["sizeLimit"] = gib_quantity(spec.pod.shm_size_gi)
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec, knobs)],
         "volumes": [*[v.to_k8s() for v in spec.pod.volumes], {"name": "dshm", "emptyDir": shm}],

@@ -82,8 +82,18 @@ class RecordingKube:
         return body
 
 
-def controller(kube: RecordingKube, clock: datetime = NOW) -> Controller:
-    return Controller(cast(KubeClient, kube), clock=lambda: clock)
+class Clock:
+    """A clock a test moves by hand."""
+
+    def __init__(self, now: datetime = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def controller(kube: RecordingKube, clock: Clock | None = None) -> Controller:
+    return Controller(cast(KubeClient, kube), clock=clock or Clock())
 
 
 def reconcile(

@@ -30,7 +30,7 @@ from vllm_autotuner.core.snapshot import Snapshot
 from vllm_autotuner.observer import Observer
 
 NAMESPACE = "t" * 62 + "9"  # the longest DNS label
-NAME = "llama.v1-0"  # a DNS subdomain: dots are regex metacharacters
+NAME = "llama-v1-0"  # a DNS-1035 label (a dotted name would make an invalid Service name)
 SERVED = "org.team:chat/v1-0"
 MODEL = "s3://bucket/k%2Fv@r+1=2,x~y:z"
 SERIES = [
