@@ -45,6 +45,7 @@ from vllm_autotuner.core.tuning_inputs import (
     tuning_policy,
 )
 from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs, TuningState
+from vllm_autotuner.core.vllm_checks import startup_refusal
 from vllm_autotuner.observer import Observer
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ class Controller:
 
         try:
             spec = VLLMDeploymentSpec.model_validate(dict(body.get("spec") or {}))
-            refusal = None if (bad := child_name_problem(name)) is None else ("InvalidName", bad)
+            refusal = _refusal(name, spec)
         except ValidationError as exc:
             refusal = ("InvalidSpec", f"spec is invalid: {_first_errors(exc)}")
         if refusal is not None:
@@ -601,6 +602,17 @@ def _status_refused_patch(
     update = ConditionUpdate("Degraded", "True", "StatusRejected", message)
     new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
     return status_patch(previous, new)
+
+
+def _refusal(name: str, spec: VLLMDeploymentSpec) -> tuple[str, str] | None:
+    """(reason, message) when no child may be rendered for this object; None otherwise."""
+    bad_name = child_name_problem(name)
+    if bad_name is not None:
+        return "InvalidName", bad_name
+    refused = startup_refusal(spec)
+    if refused is not None:
+        return "VLLMWouldRefuse", refused
+    return None
 
 
 def _deployment_event(

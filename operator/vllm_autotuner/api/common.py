@@ -69,13 +69,16 @@ MODES: tuple[Mode, ...] = ("Off", "Recommend", "Auto")
 
 GMU_MAX = 0.99
 """vLLM accepts (0, 1]; above 0.99 nothing is left for activations, CUDA graphs or NCCL."""
+GMU_MIN = 0.01
+"""vLLM refuses 0, and ``--gpu-memory-utilization`` is rendered with three decimals: a smaller
+value would be written as 0.0. Below 1% of a GPU no model's weights fit anyway."""
 
 MNBT_MAX = 1_048_576
 MNS_MAX = 65_536
 
 MaxNumBatchedTokens = Annotated[int, Field(ge=1, le=MNBT_MAX)]
 MaxNumSeqs = Annotated[int, Field(ge=1, le=MNS_MAX)]
-GpuMemoryUtilization = Annotated[float, Field(gt=0, le=GMU_MAX)]
+GpuMemoryUtilization = Annotated[float, Field(ge=GMU_MIN, le=GMU_MAX)]
 
 
 class Knobs(StatusModel):

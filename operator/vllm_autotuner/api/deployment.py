@@ -114,20 +114,54 @@ def _any_prefix(names: tuple[str, ...]) -> str:
     return branches(trie)
 
 
-def _owned_flag_pattern() -> str:
-    """Long options: ``--`` then a name that abbreviates an owned flag or --config, ended by
+def flag_pattern(long_names: tuple[str, ...], short_flags: tuple[str, ...] = ()) -> str:
+    """Long options: ``--`` then a name that abbreviates one of ``long_names``, ended by
     the end of the argument, ``=`` (its value) or ``.`` (vLLM's dotted form --flag.key=value,
     which passes the key before the dot as the flag). Short options: anything that starts like
     one (``-tp``, ``-tp=8``, ``-tp8``, and ``-t``, which argparse resolves to -tp)."""
-    long_names = _any_prefix((*OWNED_FLAGS, CONFIG_FLAG))
-    short_initials = "|".join(sorted({f[0] for f in SHORT_OWNED_FLAGS}))
-    return f"^(?:--(?:{long_names})(?:[=.]|$)|-(?:{short_initials}))"
+    pattern = f"^(?:--(?:{_any_prefix(long_names)})(?:[=.]|$)"
+    if short_flags:
+        pattern += f"|-(?:{'|'.join(sorted({f[0] for f in short_flags}))})"
+    return pattern + ")"
 
 
-OWNED_FLAG_PATTERN = _owned_flag_pattern()
-# RE2's `$` is the end of the text; Python's also matches before a final newline, so Python
-# reads it as \Z and both engines give the same answer for every string.
-_OWNED_FLAG = re.compile(OWNED_FLAG_PATTERN.replace("$", r"\Z"))
+def _python(pattern: str) -> re.Pattern[str]:
+    # RE2's `$` is the end of the text; Python's also matches before a final newline, so Python
+    # reads it as \Z and both engines give the same answer for every string.
+    return re.compile(pattern.replace("$", r"\Z"))
+
+
+OWNED_FLAG_PATTERN = flag_pattern((*OWNED_FLAGS, CONFIG_FLAG), SHORT_OWNED_FLAGS)
+_OWNED_FLAG = _python(OWNED_FLAG_PATTERN)
+
+CHANGES_MEANING_FLAGS: tuple[str, ...] = (
+    # chunked prefill off: every prompt must then fit in one step, so vLLM refuses a token
+    # budget below max-model-len, and the tuner's budget would no longer bound a step
+    "no-enable-chunked-prefill",
+)
+"""Flags that change what the tuned knobs mean, or make vLLM refuse values the tuner may
+choose (docs/security.md, T9). Refused in extraArgs like the owned ones, prefixes included."""
+SHORT_CHANGES_MEANING_FLAGS: tuple[str, ...] = ()
+FALSE_WORDS = "false|0|no|off|f|n"
+KEEPS_MEANING_PATTERN = (
+    flag_pattern(CHANGES_MEANING_FLAGS, SHORT_CHANGES_MEANING_FLAGS)
+    + f"|^--(?:{_any_prefix(('enable-chunked-prefill',))})=(?i:{FALSE_WORDS})$"
+)
+_CHANGES_MEANING = _python(KEEPS_MEANING_PATTERN)
+_FALSE = re.compile(f"(?i:{FALSE_WORDS})")
+_CHUNKED_PREFILL = _python(flag_pattern(("enable-chunked-prefill",)))
+
+
+def changes_knob_meaning(arg: str, following: str | None = None) -> bool:
+    """Whether ``arg`` (followed by the list entry ``following``) turns on a vLLM feature that
+    changes what the tuned knobs mean; see CHANGES_MEANING_FLAGS."""
+    if _CHANGES_MEANING.search(arg):
+        return True
+    # vLLM before 0.10 read ``--enable-chunked-prefill false`` (a value in the next entry).
+    split_false = following is not None and _FALSE.fullmatch(following) is not None
+    return split_false and "=" not in arg and _CHUNKED_PREFILL.search(arg) is not None
+
+
 _PERCENT = re.compile(PERCENT_OR_INT_PATTERN)
 
 
@@ -205,6 +239,13 @@ MOUNT_PATHS_UNIQUE = Rule(
     message="volumeMount paths must be unique",
     field_path=".volumeMounts",
 )
+EXTRA_ARG_KEEPS_MEANING = Rule(
+    rule=f"!self.matches({cel_literal(KEEPS_MEANING_PATTERN)})",
+    message=(
+        "extraArgs must not turn off chunked prefill (nor set other flags that change what the"
+        " tuned knobs mean: see docs/security.md, T9), nor any prefix of one"
+    ),
+)
 TP_LE_GPU_COUNT = Rule(
     rule=(
         "!has(self.engine) || !has(self.engine.tensorParallelSize)"
@@ -280,7 +321,11 @@ class Placement(SpecModel):
 
 ExtraArg = Annotated[
     str,
-    Field(max_length=256, pattern=EXTRA_ARG_PATTERN, json_schema_extra=cel(EXTRA_ARG_NOT_OWNED)),
+    Field(
+        max_length=256,
+        pattern=EXTRA_ARG_PATTERN,
+        json_schema_extra=cel(EXTRA_ARG_NOT_OWNED, EXTRA_ARG_KEEPS_MEANING),
+    ),
 ]
 
 
@@ -305,9 +350,11 @@ class EngineSpec(SpecModel):
     @field_validator("extra_args")
     @classmethod
     def _not_owned(cls, args: list[str]) -> list[str]:
-        for arg in args:
+        for i, arg in enumerate(args):
             if sets_owned_flag(arg):
                 raise ValueError(f"{EXTRA_ARG_NOT_OWNED.message} (got {arg!r})")
+            if changes_knob_meaning(arg, args[i + 1] if i + 1 < len(args) else None):
+                raise ValueError(f"{EXTRA_ARG_KEEPS_MEANING.message} (got {arg!r})")
         return args
 
 

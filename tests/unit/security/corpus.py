@@ -69,7 +69,6 @@ NEAR_MISS_ARGS = (
     "--trust-remote-code",
     "--disable-log-requests",
     "--enable-chunked-prefill",
-    "--no-enable-chunked-prefill",
     "--speculative-config",
     '{"method": "ngram", "num_speculative_tokens": 3}',
     "--compilation-config.level=3",
