@@ -46,7 +46,9 @@ backslashes or braces, because the value becomes a CLI argument and a PromQL lab
 SERVED_MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:/-]*[A-Za-z0-9])?$"
 K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 NO_WHITESPACE_PATTERN = r"^[^\s]+$"
-EXTRA_ARG_PATTERN = r"^[^\x00\r\n]*$"
+EXTRA_ARG_PATTERN = r"^[ -~]*$"
+"""Printable ASCII: no NUL, CR or LF (a second argument in disguise), no escape sequences,
+bidirectional overrides or line separators that make a log or `kubectl get` lie."""
 PERCENT_OR_INT_PATTERN = r"^(100|[1-9]?[0-9])%$"
 
 OWNED_FLAGS: tuple[str, ...] = (
@@ -138,10 +140,34 @@ CHANGES_MEANING_FLAGS: tuple[str, ...] = (
     # chunked prefill off: every prompt must then fit in one step, so vLLM refuses a token
     # budget below max-model-len, and the tuner's budget would no longer bound a step
     "no-enable-chunked-prefill",
+    # concurrent partial prefills: split the budget between prompts by a second threshold
+    "long-prefill-token-threshold",
+    "max-num-partial-prefills",
+    "max-long-partial-prefills",
+    # data and pipeline parallelism: more GPUs than spec.gpu.count asks for, and one engine
+    # per rank with its own copy of every tuned knob
+    "data-parallel-size",
+    "data-parallel-size-local",
+    "data-parallel-rank",
+    "data-parallel-start-rank",
+    "data-parallel-address",
+    "data-parallel-rpc-port",
+    "data-parallel-backend",
+    "data-parallel-hybrid-lb",
+    "data-parallel-external-lb",
+    "pipeline-parallel-size",
+    # rewrites the model's config (heads, context, layers): the KV cache per token changes
+    "hf-overrides",
+    # another scheduler, or several steps per schedule: the budget means something else
+    "scheduler-cls",
+    "num-scheduler-steps",
 )
 """Flags that change what the tuned knobs mean, or make vLLM refuse values the tuner may
 choose (docs/security.md, T9). Refused in extraArgs like the owned ones, prefixes included."""
-SHORT_CHANGES_MEANING_FLAGS: tuple[str, ...] = ()
+SHORT_CHANGES_MEANING_FLAGS: tuple[str, ...] = ("dp", "dpl", "dpn", "dpa", "dpp", "dpr", "pp")
+"""vLLM's short forms of the data- and pipeline-parallel flags (-dp, -pp ...)."""
+
+
 FALSE_WORDS = "false|0|no|off|f|n"
 KEEPS_MEANING_PATTERN = (
     flag_pattern(CHANGES_MEANING_FLAGS, SHORT_CHANGES_MEANING_FLAGS)
@@ -242,8 +268,9 @@ MOUNT_PATHS_UNIQUE = Rule(
 EXTRA_ARG_KEEPS_MEANING = Rule(
     rule=f"!self.matches({cel_literal(KEEPS_MEANING_PATTERN)})",
     message=(
-        "extraArgs must not turn off chunked prefill (nor set other flags that change what the"
-        " tuned knobs mean: see docs/security.md, T9), nor any prefix of one"
+        "extraArgs must not set flags that change what the tuned knobs mean (chunked prefill"
+        " off, partial prefills, data or pipeline parallelism, --hf-overrides, another"
+        " scheduler: docs/security.md, T9), nor any prefix of one"
     ),
 )
 TP_LE_GPU_COUNT = Rule(

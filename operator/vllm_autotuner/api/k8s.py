@@ -295,11 +295,33 @@ class EnvVarSource(K8sModel):
         return self
 
 
+ENV_CHANGES_MEANING: tuple[str, ...] = (
+    "VLLM_USE_V1",  # the V0 engine schedules differently (no chunked prefill by default)
+    "VLLM_DP_SIZE",
+    "VLLM_DP_RANK",
+    "VLLM_DP_RANK_LOCAL",
+    "VLLM_DP_MASTER_IP",
+    "VLLM_DP_MASTER_PORT",
+    "VLLM_PP_LAYER_PARTITION",
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN",  # a context beyond the model's, past vLLM's own check
+    "VLLM_CPU_KVCACHE_SPACE",  # the CPU backend's KV size, in place of the tuned utilisation
+    "CUDA_VISIBLE_DEVICES",  # hides GPUs the pod was given: tensor parallelism fails
+)
+"""Environment variables vLLM reads (vllm/envs.py) that change what the knobs mean."""
+ENV_KEEPS_MEANING = Rule(
+    rule=f"!(self.name in [{', '.join(cel_literal(n) for n in ENV_CHANGES_MEANING)}])",
+    message=(
+        f"env must not set {', '.join(ENV_CHANGES_MEANING)}: they change what the tuned"
+        " knobs mean (docs/security.md, T9)"
+    ),
+)
+
+
 class EnvVar(K8sModel):
     """A value is a string: YAML's ``1`` or ``true`` is refused instead of reaching the API server,
     which refuses the whole Deployment for it."""
 
-    model_config = ConfigDict(json_schema_extra=cel(ENV_VALUE_OR_FROM))
+    model_config = ConfigDict(json_schema_extra=cel(ENV_VALUE_OR_FROM, ENV_KEEPS_MEANING))
 
     name: EnvName
     value: Annotated[str, Field(max_length=32768)] | None = None
@@ -307,6 +329,8 @@ class EnvVar(K8sModel):
 
     @model_validator(mode="after")
     def _value_or_from(self) -> EnvVar:
+        if self.name in ENV_CHANGES_MEANING:
+            raise ValueError(ENV_KEEPS_MEANING.message)
         if self.value is not None and self.value_from is not None:
             raise ValueError(ENV_VALUE_OR_FROM.message)
         return self
