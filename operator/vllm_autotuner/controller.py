@@ -23,13 +23,14 @@ from vllm_autotuner import API_VERSION
 from vllm_autotuner.adapters.kube import KubeClient, KubeError, resource_path
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.promql import SnapshotTarget
+from vllm_autotuner.api.common import LabelSelector
 from vllm_autotuner.api.deployment import VLLMDeploymentSpec, child_name_problem
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
 from vllm_autotuner.core import render
 from vllm_autotuner.core.conditions import ConditionUpdate, format_time
 from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
-from vllm_autotuner.core.policy import Resolution, resolve
+from vllm_autotuner.core.policy import Resolution, governing_policies, resolve
 from vllm_autotuner.core.rollout import adopt_unrecorded
 from vllm_autotuner.core.search_memo import SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
@@ -227,9 +228,7 @@ class Controller:
             return outcome
 
         policy_name = spec.tuning.policy_ref
-        resolution = self._resolve(
-            spec, policy_name, policies.get(policy_name), namespace, namespace_labels
-        )
+        resolution = self._resolve(spec, policy_name, policies, namespace, namespace_labels)
         fields["mode"] = resolution.mode if resolution.ok else spec.tuning.mode
         fields["policy"] = resolution.policy_name
         fields["replicas"] = child.replicas
@@ -536,21 +535,36 @@ class Controller:
         self,
         spec: VLLMDeploymentSpec,
         policy_name: str,
-        raw_policy: Mapping[str, Any] | None,
+        policies: Mapping[str, Mapping[str, Any]],
         namespace: str,
         namespace_labels: Mapping[str, str],
     ) -> Resolution:
+        """The policy in force. `policies` are all the cluster's (name -> spec): which ones
+        select this namespace decides which it may name (core.policy.governing_policies)."""
+        raw_policy = policies.get(policy_name)
         if raw_policy is None:
             return resolve(spec, policy_name, None, namespace, namespace_labels)
+        governing = governing_policies(_selectors(policies), namespace_labels)
         try:
             policy = VLLMTuningPolicySpec.model_validate(dict(raw_policy))
         except ValidationError as exc:
+            if policy_name not in governing:  # not this namespace's to name, valid or not
+                policy = None
+            else:
+                return Resolution(
+                    ok=False,
+                    reason="PolicyInvalid",
+                    message=f"VLLMTuningPolicy {policy_name!r} is invalid: {_first_errors(exc)}",
+                )
+        if policy is None:
+            allowed = ", ".join(governing) or "none"
             return Resolution(
                 ok=False,
-                reason="PolicyInvalid",
-                message=f"VLLMTuningPolicy {policy_name!r} is invalid: {_first_errors(exc)}",
+                reason="PolicyNotAllowed",
+                message=f"namespace {namespace!r} is governed by VLLMTuningPolicy {allowed}; "
+                f"spec.tuning.policyRef {policy_name!r} is not one of them",
             )
-        return resolve(spec, policy_name, policy, namespace, namespace_labels)
+        return resolve(spec, policy_name, policy, namespace, namespace_labels, governing)
 
     async def _write_status(
         self,
@@ -688,6 +702,18 @@ def _condition(status: Mapping[str, Any], cond_type: str) -> Mapping[str, Any]:
 def previous_reason(status: Mapping[str, Any], cond_type: str) -> str | None:
     cond = _condition(status, cond_type)
     return str(cond.get("reason")) if cond else None
+
+
+def _selectors(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, LabelSelector]:
+    """Each policy's namespaceSelector; a policy whose selector cannot be read selects nothing
+    (it is invalid, and says so on its own status)."""
+    out = {}
+    for name, raw in policies.items():
+        try:
+            out[name] = LabelSelector.model_validate(dict(raw.get("namespaceSelector") or {}))
+        except (ValidationError, TypeError, ValueError):
+            continue
+    return out
 
 
 def _policy_spec(raw: Mapping[str, Any] | None) -> VLLMTuningPolicySpec | None:

@@ -322,11 +322,9 @@ def build_registry(
         meta = body["metadata"]
         key = _child_key(meta.get("namespace"), meta.get("name"))
         ns_labels = _first(indexes["namespace_index"], meta.get("namespace")) or {}
-        policies = {}
-        ref = ((body.get("spec") or {}).get("tuning") or {}).get("policyRef", "default")
-        policy = _first(indexes["policy_index"], ref)
-        if policy is not None:
-            policies[ref] = policy
+        # Every policy: which ones select the namespace decides which it may name.
+        index = indexes["policy_index"]
+        policies = {name: policy for name in index if (policy := _first(index, name)) is not None}
         started = time.perf_counter()
         try:
             outcome = await controller.reconcile(
