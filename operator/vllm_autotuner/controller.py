@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vllm_autotuner import API_VERSION
-from vllm_autotuner.adapters.kube import KubeClient, KubeError, resource_path
+from vllm_autotuner.adapters.kube import KubeClient, KubeError, object_path, resource_path
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.promql import SnapshotTarget
 from vllm_autotuner.api.common import LabelSelector
@@ -330,6 +330,9 @@ class Controller:
         again, unchanged, until its back-off ends: the same PATCH would only fail again.
         """
         namespace, name = key
+        conflicts = await self._foreign_children(desired, children)
+        if conflicts:
+            return ConditionUpdate("Degraded", "True", "NameConflict", "; ".join(conflicts))
         problems: list[str] = []
         for kind, manifest in desired.items():
             live = children.get(kind)
@@ -373,6 +376,29 @@ class Controller:
         if not patch:
             return {}
         return await self.kube.merge_patch(path, {"status": patch}, subresource="status")
+
+    async def _foreign_children(
+        self,
+        desired: Mapping[str, Mapping[str, Any]],
+        children: Mapping[str, Mapping[str, Any] | None],
+    ) -> list[str]:
+        """Why each child name is taken by an object this VLLMDeployment does not control.
+
+        The indexes see only objects with our managed-by label, and anyone can set a label;
+        so a child counts as ours only by its controller reference to this object's uid, and a
+        name the index does not know is looked up before it is created: applying with force
+        would take over a stranger's Service or Deployment, and the owner reference we add
+        would let the garbage collector delete it with the VLLMDeployment.
+        """
+        found = []
+        for kind, manifest in desired.items():
+            live = children.get(kind)
+            if live is None:
+                live = await self.kube.get(object_path(dict(manifest)))
+            owner = manifest["metadata"]["ownerReferences"][0]
+            if live is not None and not controlled_by(live, owner["uid"]):
+                found.append(_conflict_message(kind, manifest, live))
+        return found
 
     def child_deleted(self, namespace: str, name: str, kind: str) -> None:
         """The watch saw our child deleted: what we applied before no longer stands."""
@@ -616,6 +642,32 @@ def _status_refused_patch(
     update = ConditionUpdate("Degraded", "True", "StatusRejected", message)
     new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
     return status_patch(previous, new)
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether `obj`'s controller reference points at the VLLMDeployment with this uid."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return bool(
+                ref.get("uid") == uid
+                and ref.get("kind") == "VLLMDeployment"
+                and ref.get("apiVersion") == API_VERSION
+            )
+    return False
+
+
+def _conflict_message(kind: str, manifest: Mapping[str, Any], live: Mapping[str, Any]) -> str:
+    name = manifest["metadata"]["name"]
+    owners = [
+        f"{ref.get('kind')}/{ref.get('name')}"
+        for ref in (live.get("metadata") or {}).get("ownerReferences") or ()
+        if isinstance(ref, Mapping) and ref.get("controller") is True
+    ]
+    held = f"controlled by {owners[0]}" if owners else "not created by this VLLMDeployment"
+    return (
+        f"a {kind} named {name} already exists and is {held}; it was left untouched and "
+        "nothing was deployed (rename the VLLMDeployment, or delete that object)"
+    )
 
 
 def _refusal(name: str, spec: VLLMDeploymentSpec) -> tuple[str, str] | None:
