@@ -168,14 +168,18 @@ class Controller:
         namespace_labels: Mapping[str, str],
         children: Mapping[str, Mapping[str, Any] | None],
         pods: Sequence[Mapping[str, Any]] = (),
+        replicasets: Sequence[Mapping[str, Any]] = (),
     ) -> Outcome:
         """`children` maps kind ("Deployment", "Service") to the live child, or None; `pods`
-        are the live pods of the deployment (any revision)."""
+        are the pods carrying the deployment's labels and `replicasets` the ReplicaSets: only
+        pods a ReplicaSet of our Deployment controls count (anyone can copy labels)."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         async with self.lock(namespace, name):
             body = self._freshest_self(namespace, name, body)
-            return await self._reconcile(body, policies, namespace_labels, children, pods)
+            live = self._freshest(namespace, name, children).get("Deployment")
+            mine = owned_pods(pods, replicasets, live, str(meta.get("uid")))
+            return await self._reconcile(body, policies, namespace_labels, children, mine)
 
     def _freshest_self(
         self, namespace: str, name: str, body: Mapping[str, Any]
@@ -642,6 +646,37 @@ def _status_refused_patch(
     update = ConditionUpdate("Degraded", "True", "StatusRejected", message)
     new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
     return status_patch(previous, new)
+
+
+def _controller_uid(obj: Mapping[str, Any], kind: str, api_version: str) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            if ref.get("kind") == kind and ref.get("apiVersion") == api_version:
+                return str(ref.get("uid"))
+            return None
+    return None
+
+
+def owned_pods(
+    pods: Sequence[Mapping[str, Any]],
+    replicasets: Sequence[Mapping[str, Any]],
+    deployment: Mapping[str, Any] | None,
+    owner_uid: str,
+) -> list[Mapping[str, Any]]:
+    """The pods that a ReplicaSet of our Deployment controls, our Deployment being the one
+    this VLLMDeployment controls. A pod that only carries our labels (copied by a careless
+    manifest, or on purpose) neither degrades the deployment nor feeds the tuner."""
+    if deployment is None or not controlled_by(deployment, owner_uid):
+        return []
+    deployment_uid = str((deployment.get("metadata") or {}).get("uid") or "")
+    if not deployment_uid:
+        return []
+    sets = {
+        str((rs.get("metadata") or {}).get("uid"))
+        for rs in replicasets
+        if _controller_uid(rs, "Deployment", "apps/v1") == deployment_uid
+    }
+    return [p for p in pods if _controller_uid(p, "ReplicaSet", "apps/v1") in sets]
 
 
 def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:

@@ -296,6 +296,17 @@ def build_registry(
     ) -> dict[str, dict[str, Any]]:
         return {_child_key(namespace, name): child_copy(body)}
 
+    # A pod counts only when a ReplicaSet of our Deployment owns it (labels alone prove
+    # nothing: anyone can copy them), so the ReplicaSets are indexed too, by their owner label.
+    @kopf.index(
+        "apps", "v1", "replicasets", labels=managed, id="replicaset_index", registry=registry
+    )
+    async def replicaset_index(
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[str, dict[str, Any]] | None:
+        owner = labels.get(DEPLOYMENT_LABEL)
+        return {_child_key(namespace, owner): child_copy(body, keep_spec=False)} if owner else None
+
     @kopf.index("", "v1", "pods", labels=managed, id="pod_index", registry=registry)
     async def pod_index(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
@@ -337,6 +348,7 @@ def build_registry(
                     **(known_children or {}),
                 },
                 pods=_all(indexes["pod_index"], key),
+                replicasets=_all(indexes["replicaset_index"], key),
             )
         except RETRIABLE as exc:
             metrics.reconcile_errors.labels(meta.get("namespace"), meta.get("name")).inc()

@@ -56,6 +56,7 @@ NAMESPACED_RULES: frozenset[Rule] = (
     | _rules("apps", "deployments", "get,list,watch,create,patch")
     | _rules("", "services", "get,list,watch,create,patch")
     | _rules("", "pods", "list,watch")
+    | _rules("apps", "replicasets", "list,watch")
     | EVENT_RULES
 )
 

@@ -96,9 +96,13 @@ RBAC rules for the namespaced objects the operator reads and writes. Used by the
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch]
-# Pod health (CrashLoopBackOff, OOMKilled, readiness) judges every trial.
+# Pod health (CrashLoopBackOff, OOMKilled, readiness) judges every trial; a pod counts only
+# when a ReplicaSet of the operator's Deployment controls it, so ReplicaSets are watched too.
 - apiGroups: [""]
   resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [apps]
+  resources: [replicasets]
   verbs: [list, watch]
 {{ include "vllm-autotuner.eventRules" . }}
 {{- end }}
