@@ -32,6 +32,7 @@ from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
 from vllm_autotuner.core.policy import Resolution, governing_policies, resolve
 from vllm_autotuner.core.rollout import adopt_unrecorded
+from vllm_autotuner.core.sanitize import MAX_EVENT_TEXT, clean_status, clean_text
 from vllm_autotuner.core.search_memo import SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.starting_point import StartingPoint, starting_knobs
@@ -57,9 +58,15 @@ APPLIED_GRACE_S = 10.0
 
 @dataclass(frozen=True)
 class Event:
+    """An Event to post about the VLLMDeployment; its note is cleaned and cut on creation
+    (it may quote Prometheus, the API server or the tenant's own spec)."""
+
     type: str  # Normal | Warning
     reason: str
     message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", clean_text(self.message, MAX_EVENT_TEXT))
 
 
 REFUSED_STATUSES = (400, 422)  # the API server refused the object itself: retrying cannot help
@@ -607,8 +614,8 @@ class Controller:
         fields: Mapping[str, Any],
         outcome: Outcome,
     ) -> None:
-        new = compute_status(
-            previous, generation=generation, now=now, updates=updates, fields=fields
+        new = clean_status(
+            compute_status(previous, generation=generation, now=now, updates=updates, fields=fields)
         )
         patch = status_patch(previous, new)
         if not patch:
@@ -645,7 +652,7 @@ def _status_refused_patch(
     message = f"the API server refused the status update: {exc}"
     update = ConditionUpdate("Degraded", "True", "StatusRejected", message)
     new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
-    return status_patch(previous, new)
+    return status_patch(previous, clean_status(new))
 
 
 def _controller_uid(obj: Mapping[str, Any], kind: str, api_version: str) -> str | None:
@@ -884,7 +891,7 @@ def policy_status_patch(body: Mapping[str, Any], now: datetime) -> dict[str, Any
     except ValidationError as exc:
         update = ConditionUpdate("Valid", "False", "Invalid", _first_errors(exc))
     new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
-    return status_patch(previous, new)
+    return status_patch(previous, clean_status(new))
 
 
 def child_copy(body: Mapping[str, Any], *, keep_spec: bool = True) -> dict[str, Any]:

@@ -81,9 +81,13 @@ class _Transport(Protocol):
     async def label_values(self, label: str, match: str, start: float, end: float) -> Any: ...
 
 
+MAX_ERROR_TEXT = 300  # of a server's error message, quoted in logs, status and Events
+
+
 def _error_text(body: Any, status: int) -> str:
     if isinstance(body, dict) and body.get("error"):
-        return f"HTTP {status}: {body.get('errorType', 'error')}: {body['error']}"
+        kind = str(body.get("errorType", "error"))[:40]
+        return f"HTTP {status}: {kind}: {str(body['error'])[:MAX_ERROR_TEXT]}"
     return f"HTTP {status}"
 
 
@@ -480,15 +484,7 @@ class PrometheusSource:
                     outcomes.get(window, {}), self.namespace_label, self.pod_label
                 )
                 for t in ts:
-                    snap = assemble(
-                        t,
-                        now,
-                        window,
-                        indexed,
-                        rate_scale=self.rate_scale,
-                        namespace_label=self.namespace_label,
-                        pod_label=self.pod_label,
-                    )
+                    snap = self._assemble_one(t, now, window, indexed)
                     if not snap.available and snap.reason.startswith("no vllm metrics"):
                         self._names_suspect = True  # maybe renamed or re-escaped: look again
                     out[t.key] = snap
@@ -499,6 +495,29 @@ class PrometheusSource:
         else:
             assemble_all()
         return out
+
+    def _assemble_one(
+        self,
+        target: SnapshotTarget,
+        now: datetime,
+        window: int,
+        indexed: Mapping[str, Any],
+    ) -> Snapshot:
+        """One deployment's Snapshot; a failure here is that deployment's alone."""
+        try:
+            return assemble(
+                target,
+                now,
+                window,
+                indexed,
+                rate_scale=self.rate_scale,
+                namespace_label=self.namespace_label,
+                pod_label=self.pod_label,
+            )
+        except Exception as exc:  # a bug or a shape we did not foresee: never the whole fleet
+            log.exception("metrics of %s/%s could not be read", *target.key)
+            reason = f"the metrics of this deployment could not be read ({type(exc).__name__})"
+            return Snapshot.unavailable(now, window, reason)
 
     async def _run_queries(
         self, transport: _Transport, exprs: Sequence[str], now: datetime
