@@ -432,6 +432,11 @@ class PodSettings(SpecModel):
     shm_size_gi: float | None = Field(
         default=None, alias="shmSizeGi", gt=0, le=1024, description="Size of /dev/shm in GiB."
     )
+    automount_service_account_token: bool | None = Field(
+        default=None,
+        alias="automountServiceAccountToken",
+        description="Mount the ServiceAccount's API token into the vLLM pods (off unless true).",
+    )
 
     @model_validator(mode="after")
     def _volumes_fit_the_pod(self) -> PodSettings:

@@ -203,6 +203,9 @@ def _pod_spec(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
         # vLLM aborts in-flight requests on SIGTERM unless --shutdown-timeout is set; give it
         # time to exit cleanly (vllm.md §5.3).
         "terminationGracePeriodSeconds": 60,
+        # vLLM never calls the Kubernetes API: a token in the pod is only something to steal
+        # (a prompt-injected tool, a compromised image). Mounted only when the spec asks.
+        "automountServiceAccountToken": spec.pod.automount_service_account_token is True,
     }
     if placement.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(placement.node_selector.items()))
