@@ -345,6 +345,7 @@ class FaultyKubelet(FakeKubelet):
                 "namespace": ns,
                 "labels": labels,
                 "annotations": annotations,
+                "ownerReferences": self.pod_owners(dep, revision, labels),
             },
             "spec": template["spec"],
         }
