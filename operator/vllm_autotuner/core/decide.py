@@ -938,7 +938,7 @@ def _conclude(
 
     res = run_search(None if trusted else diag)
     conclusion = res.reason
-    if diag.violates_slo and not res.worth_rollout:
+    if diag.violates_slo and not res.worth_rollout and not trusted:
         # The diagnosis is a heuristic; when its directions cannot fix a violation, the
         # calibrated model may still know a way (e.g. a larger budget that packs prefill into
         # fewer steps). Safety rules are the same either way.
@@ -946,7 +946,9 @@ def _conclude(
         if free.worth_rollout:
             res = free
             conclusion = f"the suggested direction does not help, but {free.reason}"
-    if diag.violates_slo and not res.worth_rollout:
+    if diag.violates_slo and not res.worth_rollout and not trusted:
+        # Explore only where the model is uncertain: a trusted model that sees no fix is
+        # believed (the trial would cost a restart to confirm it).
         probe = _exploration(applied, policy, diag, state)
         if probe is not None:
             # The model sees no fix, but the SLO is violated now and the diagnosis says which
