@@ -19,7 +19,7 @@ from vllm_localcluster.faults import FaultProxy
 @pytest.fixture
 def proxy(apiserver: ApiServer) -> Iterator[FaultProxy]:
     """A proxy to the session's API server; clients without credentials act as the operator."""
-    token = apiserver.operator_credentials().token
+    token = apiserver.operator_token
     proxy = FaultProxy(apiserver.url, str(apiserver.ca_file), token=token).start_in_thread()
     try:
         yield proxy
