@@ -1,22 +1,21 @@
-"""Hostile tenants against the real kopf operator and the API emulator (issue classes 1, 2, 7).
+"""Hostile tenants against the real kopf operator and the real API server (issue classes 1, 2, 7).
 
-Class 1: the emulator is made to send one watch event that is not valid JSON (a proxy that cut
-a line, or an object deeper than any decoder allows); the operator must log it, skip it, and go
-on reconciling every other tenant. And a fresh operator process must decode the deepest object
-the API server can serve at all. Classes 2 and 7: a stranger's Service under the child's name,
-and a stranger's pod with the child's labels, change nothing that is theirs or ours.
+Class 1: the fault proxy between the operator and kube-apiserver turns every watch event about
+one object into a line cut short (as a proxy that dropped the connection mid-line would leave
+it); the operator must log it, skip it, and go on reconciling every other tenant. And a fresh
+operator process must decode the deepest object the API server can serve at all. Classes 2
+and 7: a stranger's Service under the child's name, and a stranger's pod with the child's
+labels, change nothing that is theirs or ours.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any
 
 import pytest
-from vllm_autotuner.local.emulator import EmulatorServer, handler
 
 from tests.support.cluster_api import (
     CR,
@@ -27,44 +26,37 @@ from tests.support.cluster_api import (
     POLICY_PATH,
     SERVICE_PATH,
     Api,
+    ApiServer,
 )
 from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
 from tests.support.faults import (
     START,
+    WRITE_VERBS,
     cond,
     cond_when,
     cr_with_mode,
     fast_policy,
     operator,
     operator_config,
+    proxy,
 )
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.render import KNOBS_ANNOTATION, knob_label
+from vllm_localcluster.faults import FaultProxy, event_named
+
+__all__ = ["proxy"]  # the fixture
 
 POISON = "poison"
 
 
-@pytest.fixture
-def garbling_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every watch event about the object named POISON reaches the client as a cut-off line."""
-    original = handler._write_event
-
-    async def write(response: Any, event: Mapping[str, Any]) -> None:
-        if ((event.get("object") or {}).get("metadata") or {}).get("name") == POISON:
-            await response.write(b'{"type":"ADDED","object":{"metadata":{"name":"poi\n')
-            return
-        await original(response, event)
-
-    monkeypatch.setattr(handler, "_write_event", write)
-    yield
-
-
 def test_an_undecodable_watch_event_is_skipped_and_other_tenants_are_reconciled(
-    garbling_emulator: None, emulator: EmulatorServer, api: Api
+    proxy: FaultProxy, api: Api, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.ERROR, logger="vllm_autotuner")
+    garbled = proxy.corrupt_watch_events("vllmdeployments", event_named(POISON))
     api.create(POLICY_PATH, POLICY)
-    with running_operator(emulator.url, interval_s=1.0) as operator:
+    with operator(operator_config(proxy, interval_s=1.0)) as running:
         wait_for(
             lambda: (api.get(f"{POLICY_PATH}/default") or {}).get("status"),
             20,
@@ -79,8 +71,11 @@ def test_an_undecodable_watch_event_is_skipped_and_other_tenants_are_reconciled(
             20,
             message="the other tenant's Deployment, created after the undecodable event",
         )
-        assert operator._thread.is_alive(), operator.error
-        assert operator.error is None
+        # The poison's event came first on the same stream: it reached the operator garbled.
+        assert garbled.hits >= 1
+        assert running._thread.is_alive(), running.error
+        assert running.error is None
+    assert "skipped a watch event that cannot be decoded" in caplog.text
 
 
 DECODE = """
@@ -108,7 +103,7 @@ def test_the_operator_decodes_the_deepest_object_the_api_server_can_serve() -> N
 
 
 def test_a_crash_looping_pod_that_only_copies_the_labels_degrades_nothing(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, api: Api
 ) -> None:
     """A stranger's pod with every label and the knobs annotation of the deployment's pods,
     crash-looping from the start: the real operator must not count it."""
@@ -137,6 +132,8 @@ def test_a_crash_looping_pod_that_only_copies_the_labels_degrades_nothing(
                 "containerStatuses": [
                     {
                         "name": "vllm",
+                        "image": "busybox",
+                        "imageID": "",
                         "ready": False,
                         "restartCount": 9,
                         "state": {"waiting": {"reason": "CrashLoopBackOff"}},
@@ -148,19 +145,23 @@ def test_a_crash_looping_pod_that_only_copies_the_labels_degrades_nothing(
     api.create(POLICY_PATH, fast_policy())
     api.create(CR_PATH, cr_with_mode("Recommend"))
     with (
-        FakeKubelet(emulator.url, NS),
-        operator(operator_config(emulator.url), SyntheticSnapshots()),
+        FakeKubelet(apiserver, NS),
+        running_operator(
+            apiserver.operator_credentials(), interval_s=0.5, snapshot_source=SyntheticSnapshots()
+        ),
     ):
         wait_for(cond_when(api, "Ready", "True"), 30, message="the deployment to be Ready")
         degraded = cond(api, "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("False", "AsExpected"), degraded
+    copycat = api.get(f"/api/v1/namespaces/{NS}/pods/llama-copycat") or {}
+    assert copycat["status"]["containerStatuses"][0]["restartCount"] == 9  # still crash-looping
 
 
 # ------------------------------------------------------------------ class 2: name collisions
 
 
 def test_a_foreign_service_under_the_childs_name_is_left_untouched(
-    emulator: EmulatorServer, api: Api
+    apiserver: ApiServer, api: Api
 ) -> None:
     foreign = {
         "apiVersion": "v1",
@@ -171,7 +172,7 @@ def test_a_foreign_service_under_the_childs_name_is_left_untouched(
     api.create(SERVICE_PATH, foreign)
     api.create(POLICY_PATH, fast_policy())
     api.create(CR_PATH, cr_with_mode("Off"))
-    with operator(operator_config(emulator.url)):
+    with running_operator(apiserver.operator_credentials(), interval_s=0.5):
         wait_for(
             cond_when(api, "Degraded", "True", "already exists"),
             20,
@@ -183,3 +184,10 @@ def test_a_foreign_service_under_the_childs_name_is_left_untouched(
     assert [p["port"] for p in service["spec"]["ports"]] == [5432]
     assert api.get(f"{DEPLOYMENT_PATH}/llama") is None
     assert cond(api, "Degraded")["reason"] == "NameConflict"
+    # The API server's audit log: the operator never wrote to the stranger's Service.
+    writes = [
+        (r.verb, r.status_code)
+        for r in apiserver.requests_by("vllm-autotuner")
+        if r.resource == "services" and r.name == "llama" and r.verb in WRITE_VERBS
+    ]
+    assert writes == [], writes

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
+import pytest
+
 from tests.support.cluster_api import (
     CR,
     CR_PATH,
@@ -218,6 +220,17 @@ def compact(proxy: FaultProxy, api: Api) -> int:
     now = int(listed["metadata"]["resourceVersion"])
     proxy.expire_watches_before(now)
     return now
+
+
+@pytest.fixture
+def proxy(apiserver: ApiServer) -> Iterator[FaultProxy]:
+    """A proxy to the session's API server; clients without credentials act as the operator."""
+    proxy = FaultProxy(apiserver.url, str(apiserver.ca_file), token=apiserver.operator_token)
+    proxy.start_in_thread()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
 
 
 # ------------------------------------------------------------------------------ the operator

@@ -88,10 +88,21 @@ def _quantity(value: int | str) -> int | str:
     return value
 
 
+# OpenAPI keywords, not CEL: kube-apiserver estimates a CEL rule on an int-or-string as if the
+# string could fill a whole request (it ignores maxLength there), and the regex over the maps
+# and lists of quantities then exceeds the CRD's cost budget more than 100 times. `pattern`,
+# `minimum` and `maxLength` each apply to their own type, as in controller-gen's Quantity.
 Quantity = Annotated[
     int | Annotated[str, Field(max_length=64)],
     AfterValidator(_quantity),
-    Field(json_schema_extra={"x-kubernetes-int-or-string": True, **cel(QUANTITY_VALID)}),
+    Field(
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            "pattern": QUANTITY_PATTERN,
+            "minimum": 0,
+            "maxLength": 64,
+        }
+    ),
 ]
 
 _SUFFIXES: dict[str, int | Decimal] = {
