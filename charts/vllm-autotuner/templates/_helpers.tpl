@@ -87,17 +87,23 @@ RBAC rules for the namespaced objects the operator reads and writes. Used by the
 - apiGroups: [vllm.autotuner.io]
   resources: [vllmdeployments/finalizers]
   verbs: [update]
-# Children are read through watches; server-side apply needs create (first apply) and patch;
-# get reads managedFields once, to hand spec.replicas to an autoscaler (docs/autoscaling.md).
+# Children are read through watches; server-side apply needs create (first apply) and patch.
+# get: before creating a child, whether its name is taken by an object the operator does not
+# own (it is then left untouched and reported as a NameConflict); and the Deployment's
+# managedFields once, to hand spec.replicas to an autoscaler (docs/autoscaling.md).
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [services]
-  verbs: [list, watch, create, patch]
-# Pod health (CrashLoopBackOff, OOMKilled, readiness) judges every trial.
+  verbs: [get, list, watch, create, patch]
+# Pod health (CrashLoopBackOff, OOMKilled, readiness) judges every trial; a pod counts only
+# when a ReplicaSet of the operator's Deployment controls it, so ReplicaSets are watched too.
 - apiGroups: [""]
   resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [apps]
+  resources: [replicasets]
   verbs: [list, watch]
 {{ include "vllm-autotuner.eventRules" . }}
 {{- end }}
