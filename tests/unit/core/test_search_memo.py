@@ -38,9 +38,16 @@ class CountingModel(AnalyticModel):
         super().__init__("H100")
         self.predictions = 0
 
-    def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction:
+    def predict(
+        self,
+        knobs: Knobs,
+        workload: Workload,
+        calibration: Calibration,
+        *,
+        capacity: bool = True,
+    ) -> Prediction:
         self.predictions += 1
-        return super().predict(knobs, workload, calibration)
+        return super().predict(knobs, workload, calibration, capacity=capacity)
 
 
 STATE = replace(TuningState.initial(KNOBS), phase="Observing")
