@@ -38,9 +38,11 @@ class CountingModel(AnalyticModel):
         super().__init__("H100")
         self.predictions = 0
 
-    def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction:
+    def predict(
+        self, knobs: Knobs, workload: Workload, calibration: Calibration, capacity: bool = True
+    ) -> Prediction:
         self.predictions += 1
-        return super().predict(knobs, workload, calibration)
+        return super().predict(knobs, workload, calibration, capacity)
 
 
 STATE = replace(TuningState.initial(KNOBS), phase="Observing")
