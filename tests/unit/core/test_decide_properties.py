@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.core.shared_model import SharedModel
+from tests.unit.core.shared_model import SharedModel, scaled
 from tests.unit.core.test_decide import CTX, NOW, make_policy, make_snapshot
 from vllm_autotuner.core.decide import Decision, decide
 from vllm_autotuner.core.rollout import roll_day
@@ -172,7 +172,7 @@ def scenario(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @settings(
-    max_examples=200,
+    max_examples=scaled(200),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -240,7 +240,7 @@ def assert_safe(
 
 
 @settings(
-    max_examples=150,
+    max_examples=scaled(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
