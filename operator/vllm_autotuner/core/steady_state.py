@@ -48,6 +48,7 @@ _Z_PROMPT: FloatArray = _RNG.standard_normal(_MAX_ARRIVALS)
 _Z_STEP: FloatArray = _RNG.standard_normal(STEPS * 4)
 _Z_RUN: FloatArray = _RNG.standard_normal(STEPS * 4)
 _WARMUP = 0.1  # the first tenth of the path fills an empty engine
+MIN_PATH_ARRIVALS = 20
 
 # Utilisation limits beyond which the steady state does not exist (queues grow without bound).
 MAX_TOKEN_UTIL = 0.97
@@ -278,6 +279,9 @@ def _sample_path(
     costs: Costs,
 ) -> tuple[FloatArray, FloatArray, float]:
     """(step durations, TTFT samples, mean prefill time) of one sample path."""
+    # Below this rate the path would hold (almost) no arrival, and TTFT no sample: arrivals
+    # that rare meet an idle engine, so the path runs at the rate that gives it a few.
+    lam = max(lam, MIN_PATH_ARRIVALS / (STEPS * t_mean))
     n_steps = STEPS
     horizon = n_steps * t_mean
     n_arr = int(np.searchsorted(_ARRIVALS_UNIT, horizon * lam))
