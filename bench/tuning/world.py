@@ -169,14 +169,14 @@ class Accounting:
 class ExactCount(Histogram):
     """An engine's latency histogram that also counts, exactly, how many of its observations
     were above one threshold (no buckets): every observation vLLM's histogram gets, the same
-    instant, compared with the raw value. The world reads and resets the counts every step."""
+    instant, compared with the raw value. Every path into the histogram ends in `observe`,
+    `observe_repeated` or `add_values`. The world reads and resets the counts every step."""
 
     def __init__(self, inner: Histogram, limit: float) -> None:
         super().__init__(inner.name, inner.help, inner.bound_list)
         self.limit = limit
         self.n = 0
         self.n_over = 0
-        self._quiet = False
 
     def observe(self, value: float) -> None:
         super().observe(value)
@@ -185,24 +185,14 @@ class ExactCount(Histogram):
 
     def observe_repeated(self, value: float, n: int) -> None:
         super().observe_repeated(value, n)
-        if n > 0 and not self._quiet:
+        if n > 0:
             self.n += n
             self.n_over += n if value > self.limit else 0
 
-    def observe_many(self, values: np.ndarray) -> None:
-        super().observe_many(values)
-        self.n += int(values.size)
-        self.n_over += int(np.count_nonzero(values > self.limit))
-
-    def observe_many_weighted(self, values: np.ndarray, weight: int) -> None:
-        if weight > 0:
-            self.n += int(values.size) * weight
-            self.n_over += int(np.count_nonzero(values > self.limit)) * weight
-        self._quiet = True  # the base class may call observe_repeated: counted already
-        try:
-            super().observe_many_weighted(values, weight)
-        finally:
-            self._quiet = False
+    def add_values(self, values: np.ndarray, weight: int = 1) -> None:
+        super().add_values(values, weight)
+        self.n += int(values.size) * weight
+        self.n_over += int(np.count_nonzero(values > self.limit)) * weight
 
     def take(self) -> tuple[int, int]:
         out = (self.n, self.n_over)
