@@ -132,6 +132,20 @@ def test_more_traffic_never_shortens_steps_gaps_or_first_tokens(
 
 @pytest.mark.xfail(
     strict=True,
+    reason="found by hypothesis: with 2-3 requests running and 2,000-6,000-token prompts, the "
+    "mean ITL falls by up to 5 % for 5-6 % more traffic (0.01474 -> 0.01398 s at 6.25 -> 6.64 "
+    "req/s, 6,000-token prompts; 0.00908 -> 0.00877 s at 8.06 -> 8.47 req/s, 2,000): the "
+    "path's few prefill-carrying steps weigh on the mean by whole steps (sample-path noise).",
+)
+def test_the_mean_gap_never_falls_with_more_traffic_when_few_requests_run() -> None:
+    for prompt, r1, factor in ((6000.0, 6.25, 1.0625), (2000.0, 8.0625, 1.05078125)):
+        lo, hi = (state(traffic(r, prompt, 50.0)) for r in (r1, r1 * factor))
+        assert lo.stable and hi.stable
+        assert hi.itl_mean_s >= lo.itl_mean_s * (1 - STEP_NOISE), (prompt, r1)
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="measured (2000-token prompts, 50-token outputs): 8.586 -> 9.154 req/s: ITL p95 "
     "11.26 -> 8.54 ms (0.78x), TTFT p95 160.9 -> 149.7 ms; 16.85 -> 20.27 req/s (214 "
     "arrivals in the path): TTFT p90 226.8 -> 158.9 ms (0.70x). Worst over 2,500 random "
