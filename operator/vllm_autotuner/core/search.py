@@ -58,11 +58,34 @@ class SearchResult:
     evaluated: int
 
 
+# A trial that lost (Regression) rules out its neighbourhood: knobs within this factor of it on
+# both counts, with no more than REGRESSION_GMU more memory (less memory, a smaller KV cache, is
+# no cure for a loss), would be judged the same way, and retrying them costs a restart each
+# (issue 19: rag-8b-a100 lost at 8896/256/0.90, then tried 8896/256/0.92 and 8128/256/0.85;
+# tight-itl lost at 256/176/0.92, then tried 224/176/0.90 and 256/176/0.87; each rejected).
+REGRESSION_RATIO = 1.2
+REGRESSION_GMU = 0.02
+
+
+def _near(k: Knobs, lost: Knobs) -> bool:
+    def close(x: int, y: int) -> bool:
+        return max(x, y) <= REGRESSION_RATIO * min(x, y)
+
+    return (
+        close(k.max_num_batched_tokens, lost.max_num_batched_tokens)
+        and close(k.max_num_seqs, lost.max_num_seqs)
+        and k.gpu_memory_utilization
+        <= lost.gpu_memory_utilization + REGRESSION_GMU + GMU_EPSILON
+    )
+
+
 def is_forbidden(knobs: Knobs, infeasible: Iterable[InfeasibleConfig]) -> str | None:
     """Why `knobs` must not be proposed (None when allowed)."""
     for e in infeasible:
         if knobs.same_as(e.knobs):
             return f"{knobs.describe()} failed before ({e.kind}: {e.reason})"
+        if e.kind == "Regression" and _near(knobs, e.knobs):
+            return f"within {REGRESSION_RATIO - 1:.0%} of {e.knobs.describe()}, which lost"
         if (
             e.kind != "Regression"
             and knobs.gpu_memory_utilization >= e.knobs.gpu_memory_utilization - GMU_EPSILON

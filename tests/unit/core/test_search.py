@@ -115,6 +115,12 @@ def test_forbidden_neighbourhood_semantics() -> None:
     slow = InfeasibleConfig(Knobs(8192, 512, 0.92), "SLO regression", T0, "Regression")
     assert is_forbidden(Knobs(8192, 512, 0.92), [slow])
     assert is_forbidden(Knobs(16384, 512, 0.95), [slow]) is None
+    # A lost trial's neighbourhood: within 20 % on both counts, at most 0.02 more memory.
+    assert is_forbidden(Knobs(7296, 560, 0.94), [slow])
+    assert is_forbidden(Knobs(8192, 512, 0.85), [slow])  # less memory cures no loss
+    assert is_forbidden(Knobs(6400, 512, 0.92), [slow]) is None  # 28 % fewer tokens
+    assert is_forbidden(Knobs(8192, 640, 0.92), [slow]) is None  # 25 % more sequences
+    assert is_forbidden(Knobs(8192, 512, 0.95), [slow]) is None  # more memory
 
 
 def test_small_gains_are_not_worth_a_rollout() -> None:
