@@ -90,9 +90,11 @@ RBAC rules for the namespaced objects the operator reads and writes. Used by the
 # Children are read through watches; server-side apply needs create (first apply) and patch.
 # get: before creating a child, whether its name is taken by an object the operator does not
 # own (it is then left untouched and reported as a NameConflict).
+# delete: the canary Deployment (<name>-canary) once its trial is judged (only one the
+# operator controls).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch]
