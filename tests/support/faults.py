@@ -72,8 +72,12 @@ def fast_policy(name: str = "default", **rollout: Any) -> dict[str, Any]:
 
 
 def cr_with_mode(mode: str, **spec: Any) -> dict[str, Any]:
+    """The test CR in `mode`. Its one replica may surge (a spare GPU), so a rollout never
+    waits for headroom: without surge the tuner restarts the only pod only at low traffic
+    ("rollout waits for headroom"), which is not what these tests are about."""
     cr: dict[str, Any] = copy.deepcopy(CR)
     cr["spec"]["tuning"] = {"mode": mode}
+    cr["spec"]["rollout"] = {"maxSurge": 1}
     cr["spec"].update(spec)
     return cr
 
