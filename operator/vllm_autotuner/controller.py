@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -321,6 +322,8 @@ class Controller:
             desired["Canary"] = render.render_canary(spec, topo.canary, owner)
         await self._remove_canary(namespace, name, children.get("Canary"), desired, owner)
         refused = await self._apply_children((namespace, name), desired, children, now, outcome)
+        if tuned.observe is not None:
+            tuned.observe()
         if "Deployment" in outcome.applied:
             outcome.events.append(
                 _deployment_event(
@@ -593,7 +596,10 @@ class Controller:
         namespace, name = key
         log_decision(namespace, name, decision, previous_tuning.get("lastDecision"))
         topo = topology(new, ctx)
-        self._want_snapshots(key, spec, policy, pods, topo, new)
+        # Observed from the next cycle on only once this reconcile's applies went through: a
+        # rollout the API server refused must not turn the next window into one of a revision
+        # that never ran ("no ready pods").
+        observe = partial(self._want_snapshots, key, spec, policy, pods, topo, new)
         if self.metrics is not None:
             self.metrics.set_slo_targets(
                 namespace,
@@ -654,6 +660,7 @@ class Controller:
             topology=topo,
             slo_met=met,
             handled=handled,
+            observe=observe,
         )
 
     def _publish_capacity(
@@ -1034,6 +1041,8 @@ class Tuned:
     topology: Topology | None = None
     slo_met: bool | None = None  # None: no usable window
     handled: tuple[str, ...] = ()  # one-shot requests acted on (core/commands.py)
+    # Tells the observer what to read next; called once the children are applied.
+    observe: Callable[[], None] | None = None
 
 
 def _state_from_status(raw: Mapping[str, Any]) -> TuningState | None:
