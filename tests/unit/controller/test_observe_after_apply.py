@@ -38,8 +38,11 @@ class Kube:
         return {"metadata": {"resourceVersion": "6"}, **body}
 
 
+NAME = "llama"
+
+
 def body() -> dict[str, Any]:
-    cr = copy.deepcopy(CR)
+    cr: dict[str, Any] = copy.deepcopy(dict(CR))
     cr["metadata"].update(namespace="default", uid="u-1", resourceVersion="5", generation=1)
     return cr
 
@@ -48,7 +51,7 @@ async def reconcile(apply_status: int | None, observer: Observer) -> None:
     controller = Controller(cast(KubeClient, Kube(apply_status)), observer=observer)
     await controller.reconcile(
         body(),
-        policies={"default": copy.deepcopy(POLICY["spec"])},
+        policies={"default": cast(dict[str, Any], copy.deepcopy(POLICY["spec"]))},
         namespace_labels={},
         children={"Deployment": None, "Service": None},
     )
@@ -57,7 +60,7 @@ async def reconcile(apply_status: int | None, observer: Observer) -> None:
 async def test_a_reconcile_that_applied_asks_for_the_next_window() -> None:
     observer = Observer(None)
     await reconcile(None, observer)
-    assert ("default", CR["metadata"]["name"]) in observer._targets
+    assert ("default", NAME) in observer._targets
 
 
 async def test_a_failed_apply_leaves_the_observer_as_it_was() -> None:
