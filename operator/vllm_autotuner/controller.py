@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -356,6 +357,8 @@ class Controller:
         refused = await self._apply_children(
             (namespace, name), desired, children, now, outcome, seed
         )
+        if tuned.observe is not None:
+            tuned.observe()
         if "Deployment" in outcome.applied:
             outcome.events.append(
                 _deployment_event(
@@ -687,7 +690,10 @@ class Controller:
         namespace, name = key
         log_decision(namespace, name, decision, previous_tuning.get("lastDecision"))
         topo = topology(new, ctx)
-        self._want_snapshots(key, spec, policy, pods, topo, new, scaling)
+        # Observed from the next cycle on only once this reconcile's applies went through: a
+        # rollout the API server refused must not turn the next window into one of a revision
+        # that never ran ("no ready pods").
+        observe = partial(self._want_snapshots, key, spec, policy, pods, topo, new, scaling)
         if self.metrics is not None:
             self.metrics.set_slo_targets(
                 namespace,
@@ -750,6 +756,7 @@ class Controller:
             handled=handled,
             scaling=scaling,
             state=new,
+            observe=observe,
         )
 
     def _publish_capacity(
@@ -1135,6 +1142,8 @@ class Tuned:
     handled: tuple[str, ...] = ()  # one-shot requests acted on (core/commands.py)
     scaling: Scaling | None = None  # the replica count's motion (status.scaling)
     state: TuningState | None = None  # the tuner's state after this step (None: mode Off)
+    # Tells the observer what to read next; called once the children are applied.
+    observe: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)

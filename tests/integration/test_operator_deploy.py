@@ -162,8 +162,9 @@ def test_hand_edited_deployment_is_restored(apiserver: ApiServer, api: Api) -> N
     with running_operator(apiserver.operator_credentials(), interval_s=1.0):
         deployment = wait_for(lambda: api.get(f"{DEPLOYMENT_PATH}/llama"), 20, message="Deployment")
         original = args_of(deployment)
-        assert original[-2] == "--gpu-memory-utilization"
-        edited = [*original[:-1], "0.5"]
+        value = original.index("--gpu-memory-utilization") + 1
+        assert original[value] != "0.5"
+        edited = [*original[:value], "0.5", *original[value + 1 :]]
         api.merge(
             f"{DEPLOYMENT_PATH}/llama",
             {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "args": edited}]}}}},

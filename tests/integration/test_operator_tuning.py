@@ -43,6 +43,7 @@ def tuning(api: Api) -> dict[str, Any]:
 def create_cr(api: Api, mode: str) -> None:
     cr = copy.deepcopy(CR)
     cr["spec"]["tuning"] = {"mode": mode}
+    cr["spec"]["rollout"] = {"maxSurge": 1}  # a spare GPU: a rollout never waits for headroom
     api.create(CR_PATH, cr)
 
 

@@ -1,8 +1,9 @@
 """The chart's RBAC is exactly what the operator uses, enforced by the real API server.
 
-The operator runs a full scenario (policy, deploy, tune with a rollout and a commit, a child
-deleted by hand, the CR deleted, and a CR that still carries the finalizer an earlier
-version's kopf timers put on it, which kopf releases with a patch) as a user bound to a
+The operator runs a full scenario (policy, deploy, tune two replicas through a canary that is
+promoted (its Deployment deleted) and committed, a child deleted by hand, the CR deleted, and a
+CR that still carries the finalizer an earlier version's kopf timers put on it, which kopf
+releases with a patch) as a user bound to a
 ClusterRole holding exactly the chart's rules, so kube-apiserver's RBAC refuses anything
 else; every request it made is read back from the API server's audit log. A permission it
 used that the chart lacks fails the test (a 403 in the log, or a scenario that cannot finish),
@@ -97,6 +98,7 @@ def scenario(apiserver: ApiServer, api: Api) -> None:
     api.create(POLICY_PATH, fast_policy())
     cr = copy.deepcopy(CR)
     cr["spec"]["tuning"] = {"mode": "Auto"}
+    cr["spec"]["replicas"] = 2  # the candidate runs as a canary Deployment, deleted once judged
     api.create(CR_PATH, cr)
     upgraded = copy.deepcopy(CR)
     upgraded["metadata"] = {

@@ -32,8 +32,18 @@ def _now() -> str:
     return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def replicas_of(deployment: dict[str, Any]) -> int:
+    replicas = deployment["spec"].get("replicas")
+    return 1 if replicas is None else int(replicas)
+
+
+def pod_name(deployment: str, revision: str, index: int) -> str:
+    return f"{deployment}-{revision}-{index}"
+
+
 class FakeKubelet:
-    """One pod per Deployment, on the current template; old revisions are replaced at once."""
+    """`spec.replicas` pods per Deployment, on the current template; old revisions are
+    replaced at once."""
 
     def __init__(
         self,
@@ -97,13 +107,16 @@ class FakeKubelet:
             for pod in mine:
                 if pod["metadata"]["labels"].get("pod-template-hash") != revision:
                     self._json("DELETE", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
-            current = [
-                p for p in mine if p["metadata"]["labels"].get("pod-template-hash") == revision
-            ]
-            if not current:
-                self._create_pod(dep, revision)
-                if revision not in self.revisions_seen:
-                    self.revisions_seen.append(revision)
+            current = {
+                p["metadata"]["name"]
+                for p in mine
+                if p["metadata"]["labels"].get("pod-template-hash") == revision
+            }
+            for index in range(replicas_of(dep)):
+                if pod_name(name, revision, index) not in current:
+                    self._create_pod(dep, revision, index)
+            if revision not in self.revisions_seen:
+                self.revisions_seen.append(revision)
             self._json(
                 "PATCH",
                 f"/apis/apps/v1/namespaces/{ns}/deployments/{name}/status",
@@ -123,8 +136,9 @@ class FakeKubelet:
         )
         return [pod_owner(f"{name}-{revision}", rs["metadata"]["uid"])]
 
-    def _create_pod(self, dep: dict[str, Any], revision: str) -> None:
+    def _create_pod(self, dep: dict[str, Any], revision: str, index: int) -> None:
         ns, name = self.namespace, dep["metadata"]["name"]
+        pod = pod_name(name, revision, index)
         template = dep["spec"]["template"]
         annotations = dict(template["metadata"].get("annotations") or {})
         knobs = parse_knob_label(annotations.get(KNOBS_ANNOTATION))
@@ -143,11 +157,11 @@ class FakeKubelet:
             )
         else:
             container_status["state"] = {"running": {"startedAt": _now()}}
-        pod = {
+        manifest = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": f"{name}-{revision}",
+                "name": pod,
                 "namespace": ns,
                 "labels": labels,
                 "annotations": annotations,
@@ -155,7 +169,7 @@ class FakeKubelet:
             },
             "spec": template["spec"],
         }
-        self._json("POST", f"/api/v1/namespaces/{ns}/pods", pod, "application/json")
+        self._json("POST", f"/api/v1/namespaces/{ns}/pods", manifest, "application/json")
         status = {
             "phase": "Running",
             "conditions": [
@@ -169,7 +183,7 @@ class FakeKubelet:
         }
         self._json(
             "PATCH",
-            f"/api/v1/namespaces/{ns}/pods/{name}-{revision}/status",
+            f"/api/v1/namespaces/{ns}/pods/{pod}/status",
             {"status": status},
             "application/merge-patch+json",
         )
@@ -178,11 +192,12 @@ class FakeKubelet:
         knobs = parse_knob_label(
             (dep["spec"]["template"]["metadata"].get("annotations") or {}).get(KNOBS_ANNOTATION)
         )
-        ready = 0 if self.is_bad(knobs) else 1
+        replicas = replicas_of(dep)
+        ready = 0 if self.is_bad(knobs) else replicas
         return {
             "observedGeneration": dep["metadata"].get("generation", 1),
-            "replicas": 1,
-            "updatedReplicas": 1,
+            "replicas": replicas,
+            "updatedReplicas": replicas,
             "readyReplicas": ready,
             "availableReplicas": ready,
             "conditions": [

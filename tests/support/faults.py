@@ -30,7 +30,7 @@ from tests.support.cluster_api import (
     args_of,
     condition,
 )
-from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots
+from tests.support.fake_fleet import FakeKubelet, SyntheticSnapshots, pod_name
 from tests.support.operator_runner import OperatorThread
 from tests.support.waiting import wait_for
 from vllm_autotuner.adapters.kube import USER_AGENT, KubeCredentials
@@ -72,8 +72,12 @@ def fast_policy(name: str = "default", **rollout: Any) -> dict[str, Any]:
 
 
 def cr_with_mode(mode: str, **spec: Any) -> dict[str, Any]:
+    """The test CR in `mode`. Its one replica may surge (a spare GPU), so a rollout never
+    waits for headroom: without surge the tuner restarts the only pod only at low traffic
+    ("rollout waits for headroom"), which is not what these tests are about."""
     cr: dict[str, Any] = copy.deepcopy(CR)
     cr["spec"]["tuning"] = {"mode": mode}
+    cr["spec"]["rollout"] = {"maxSurge": 1}
     cr["spec"].update(spec)
     return cr
 
@@ -337,14 +341,15 @@ class FaultyKubelet(FakeKubelet):
         self.stuck = stuck
         self.crashing = crashing
 
-    def _create_pod(self, dep: dict[str, Any], revision: str) -> None:
+    def _create_pod(self, dep: dict[str, Any], revision: str, index: int) -> None:
         template = dep["spec"]["template"]
         annotations = dict(template["metadata"].get("annotations") or {})
         knobs = parse_knob_label(annotations.get(KNOBS_ANNOTATION))
         if not (self.stuck(knobs) or self.crashing(knobs)):
-            super()._create_pod(dep, revision)
+            super()._create_pod(dep, revision, index)
             return
         ns, name = self.namespace, dep["metadata"]["name"]
+        pod_path = f"/api/v1/namespaces/{ns}/pods/{pod_name(name, revision, index)}"
         labels = {
             **template["metadata"].get("labels", {}),
             "pod-template-hash": revision,
@@ -354,7 +359,7 @@ class FaultyKubelet(FakeKubelet):
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": f"{name}-{revision}",
+                "name": pod_name(name, revision, index),
                 "namespace": ns,
                 "labels": labels,
                 "annotations": annotations,
@@ -379,7 +384,7 @@ class FaultyKubelet(FakeKubelet):
         self._json("POST", f"/api/v1/namespaces/{ns}/pods", pod, "application/json")
         self._json(
             "PATCH",
-            f"/api/v1/namespaces/{ns}/pods/{name}-{revision}/status",
+            f"{pod_path}/status",
             {"status": status},
             "application/merge-patch+json",
         )

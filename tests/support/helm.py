@@ -53,7 +53,7 @@ NAMESPACED_RULES: frozenset[Rule] = (
     _rules(GROUP, "vllmdeployments", "get,list,watch,patch")
     | _rules(GROUP, "vllmdeployments/status", "patch")
     | _rules(GROUP, "vllmdeployments/finalizers", "update")
-    | _rules("apps", "deployments", "get,list,watch,create,patch")
+    | _rules("apps", "deployments", "get,list,watch,create,patch,delete")
     | _rules("", "services", "get,list,watch,create,patch")
     | _rules("", "pods", "list,watch")
     | _rules("apps", "replicasets", "list,watch")

@@ -91,9 +91,11 @@ RBAC rules for the namespaced objects the operator reads and writes. Used by the
 # get: before creating a child, whether its name is taken by an object the operator does not
 # own (it is then left untouched and reported as a NameConflict); and the Deployment's
 # managedFields once, to hand spec.replicas to an autoscaler (docs/autoscaling.md).
+# delete: the canary Deployment (<name>-canary) once its trial is judged (only one the
+# operator controls).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch]

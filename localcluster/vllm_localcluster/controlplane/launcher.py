@@ -64,10 +64,21 @@ CONTROLLERS = (
     "disruption-controller",
 )
 STOP_GRACE_S = 10.0
+# client-go's limit for retrying a 429 that carries Retry-After (rest.Request maxRetries).
+TOO_MANY_REQUESTS_RETRIES = 10
 
 
 class ControlPlaneError(RuntimeError):
     """A component did not start; the message carries the tail of its log."""
+
+
+def retry_after_s(header: str | None, longest: float = 10.0) -> float | None:
+    """Retry-After in seconds (kube-apiserver sends whole seconds), at most `longest`; None
+    when absent or not a number of seconds."""
+    try:
+        return None if header is None else min(longest, max(0.0, float(header)))
+    except ValueError:
+        return None
 
 
 def free_port() -> int:
@@ -196,23 +207,46 @@ class ControlPlane:
         timeout: float = 10.0,
         token: str | None = None,
     ) -> tuple[int, Any]:
-        """One call as the admin: (status, parsed JSON or text)."""
+        """One call as the admin: (status, parsed JSON or text).
+
+        A 429 with Retry-After (kube-apiserver's "try again later": priority and fairness
+        queues full, or a server still starting) is retried after the wait it asks for, at most
+        `TOO_MANY_REQUESTS_RETRIES` times, as client-go does."""
         data = None if body is None else json.dumps(body).encode()
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        for _ in range(TOO_MANY_REQUESTS_RETRIES):
+            status, raw, retry_after = self._call(
+                method, path, data, content_type, timeout, token, context
+            )
+            if status != 429 or retry_after is None:
+                break
+            time.sleep(retry_after)  # the wait the server asked for (Retry-After)
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        data: bytes | None,
+        content_type: str,
+        timeout: float,
+        token: str | None,
+        context: ssl.SSLContext,
+    ) -> tuple[int, bytes, float | None]:
+        """(status, body, Retry-After in seconds when the answer carries one)."""
         request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Authorization", f"Bearer {token or self.token}")
         request.add_header("Accept", "application/json")
         if data is not None:
             request.add_header("Content-Type", content_type)
-        context = ssl.create_default_context(cafile=str(self.ca_file))
         try:
             with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-                status, raw = response.status, response.read()
+                return response.status, response.read(), None
         except urllib.error.HTTPError as error:
-            status, raw = error.code, error.read()
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode(errors="replace")
+            return error.code, error.read(), retry_after_s(error.headers.get("Retry-After"))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -78,7 +78,16 @@ MNS_MAX = 65_536
 
 MaxNumBatchedTokens = Annotated[int, Field(ge=1, le=MNBT_MAX)]
 MaxNumSeqs = Annotated[int, Field(ge=1, le=MNS_MAX)]
-GpuMemoryUtilization = Annotated[float, Field(ge=GMU_MIN, le=GMU_MAX)]
+GMU_AT_LEAST_MIN = Rule(
+    rule=f"self >= {GMU_MIN}",
+    message=f"must be at least {GMU_MIN} (vLLM refuses 0)",
+)
+"""kube-apiserver compares a whole number with the integer part of a fractional ``minimum``
+(kube-openapi's MinimumNativeType: ``0`` passes ``minimum: 0.01``); CEL sees a ``number`` as a
+double, so this rule refuses the ``0`` the schema's minimum lets through."""
+GpuMemoryUtilization = Annotated[
+    float, Field(ge=GMU_MIN, le=GMU_MAX, json_schema_extra=cel(GMU_AT_LEAST_MIN))
+]
 
 
 class Knobs(StatusModel):

@@ -13,10 +13,10 @@ from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_v
 
 from vllm_autotuner.api.common import (
     GMU_MAX,
-    GMU_MIN,
     MNBT_MAX,
     MNS_MAX,
     MODES,
+    GpuMemoryUtilization,
     LabelSelector,
     Mode,
     PolicySLO,
@@ -108,8 +108,8 @@ class GpuMemoryUtilizationBounds(SpecModel):
 
     model_config = ConfigDict(json_schema_extra=cel(MIN_LE_MAX))
 
-    min: float = Field(default=DEFAULT_GMU[0], ge=GMU_MIN, le=GMU_MAX)
-    max: float = Field(default=DEFAULT_GMU[1], ge=GMU_MIN, le=GMU_MAX)
+    min: GpuMemoryUtilization = Field(default=DEFAULT_GMU[0])
+    max: GpuMemoryUtilization = Field(default=DEFAULT_GMU[1])
     max_step: float = Field(default=DEFAULT_GMU[2], gt=0, le=GMU_MAX, alias="maxStep")
 
     @model_validator(mode="after")

@@ -314,7 +314,23 @@ def _verify_rolling(
     measured = measure(snap, policy.slo, pred.capacity_rps)
     base_pred = model.predict(state.last_good, raw, base_cal or cal)
     verdict = judge_before_after(snap, policy.slo, pred, base_pred, policy.min_gain_pct)
-    return _conclude_trial(state, now, cand, verdict, measured, cal)
+    return _conclude_trial(
+        state, now, cand, _into_bounds_kept(state, policy, verdict), measured, cal
+    )
+
+
+def _into_bounds_kept(state: TuningState, policy: TuningPolicy, verdict: Verdict) -> Verdict:
+    """A candidate that replaced knobs the policy no longer allows is kept whatever the
+    comparison says: going back would run what the platform team forbade (and move into the
+    bounds again at the next reconcile, one restart per round, until the budget is spent).
+    Its pods' failures still roll it back, before verification."""
+    if verdict.keep or policy.bounds.contains(state.last_good):
+        return verdict
+    return Verdict(
+        True,
+        f"kept: {state.last_good.describe()} is outside the policy's bounds, so there is "
+        f"nothing allowed to go back to ({verdict.reason})",
+    )
 
 
 def _conclude_trial(

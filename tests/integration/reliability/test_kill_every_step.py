@@ -44,6 +44,12 @@ from vllm_localcluster.faults import FaultProxy, RequestRecord
 
 # A start the synthetic fleet is happy with (SLO met, no gain worth a rollout): Observing.
 CONTENT = Knobs(max_num_batched_tokens=2752, max_num_seqs=256, gpu_memory_utilization=0.89)
+# Moves of at most 2048 batched tokens: the first (8192 -> 6272) does not fix the ITL, so after
+# it a next candidate is wanted. An unbounded move reaches the predicted best (1856) at once.
+SMALL_STEPS = {"maxNumBatchedTokens": {"maxStep": 2048}}
+# Tightened right after the first commit (1856 batched tokens), so the next write is a second
+# rollout: the move into the new bounds (the tuner alone sees nothing left worth a restart).
+TIGHTER = {"maxNumBatchedTokens": {"min": 256, "max": 1024}}
 
 
 @dataclass(frozen=True)
@@ -53,20 +59,33 @@ class Step:
     rollout: dict[str, Any] = field(default_factory=dict)
     bad_candidates: bool = False
     writes: Callable[[RequestRecord], bool] = operator_write
+    bounds: dict[str, Any] = field(default_factory=dict)
+    # The policy's bounds from the moment the phase under test is seen.
+    bounds_then: dict[str, Any] = field(default_factory=dict)
 
 
 STEPS = {
     "Observing": Step("Observing", start=CONTENT),
-    # One rollout a day: after the first commit the next candidate waits (phase Candidate).
-    "Candidate": Step("Candidate", rollout={"maxPerDay": 1}),
+    # One rollout a day: after the first trial the next candidate waits (phase Candidate).
+    "Candidate": Step("Candidate", rollout={"maxPerDay": 1}, bounds=SMALL_STEPS),
     "RollingOut": Step("RollingOut", rollout={"verifyWindow": "3s"}),
     "Verifying": Step("Verifying", rollout={"verifyWindow": "3s"}),
-    "Committed": Step("Committed", rollout={"maxPerDay": 2}),
+    # Killed right after the first commit: the second rollout is the next write.
+    "Committed": Step("Committed", rollout={"maxPerDay": 2}, bounds_then=TIGHTER),
     "RolledBack": Step("RolledBack", rollout={"maxPerDay": 1}, bad_candidates=True),
     # Died after writing the Deployment, before recording it in status.
     "RollingOut-status": Step("RollingOut", rollout={"verifyWindow": "3s"}, writes=status_patch),
-    "Committed-status": Step("Committed", rollout={"maxPerDay": 2}, writes=status_patch),
+    "Committed-status": Step(
+        "Committed", rollout={"maxPerDay": 2}, writes=status_patch, bounds_then=TIGHTER
+    ),
 }
+
+
+def policy_for(step: Step) -> dict[str, Any]:
+    policy = fast_policy(**step.rollout)
+    if step.bounds:
+        policy["spec"]["bounds"] = step.bounds
+    return policy
 
 
 def _spec_knobs(k: Knobs) -> dict[str, Any]:
@@ -106,7 +125,7 @@ def test_killed_in_every_phase_resumes_without_losing_or_doubling_a_rollout(
     apiserver: ApiServer, proxy: FaultProxy, api: Api, name: str
 ) -> None:
     step = STEPS[name]
-    api.create(POLICY_PATH, fast_policy(**step.rollout))
+    api.create(POLICY_PATH, policy_for(step))
     api.create(CR_PATH, cr_with_mode("Auto", **_spec_knobs(step.start)))
     metrics = SyntheticSnapshots()
     bad: Callable[[Knobs | None], bool] = (
@@ -117,6 +136,8 @@ def test_killed_in_every_phase_resumes_without_losing_or_doubling_a_rollout(
         killed = freeze_when(proxy, phase_is(api, step.phase), step.writes)
         with operator(config, metrics):
             wait_for(phase_is(api, step.phase), 40, message=f"phase {step.phase}")
+            if step.bounds_then:
+                api.merge(f"{POLICY_PATH}/default", {"spec": {"bounds": step.bounds_then}})
             # Observing, and Candidate waiting for the budget, have nothing more to write: a
             # repeated conclusion keeps its timestamps (no status write per reconcile).
             if step.phase not in ("Observing", "Candidate"):

@@ -127,6 +127,7 @@ CASES = [
     Case("itl-missing", P, (("spec.slo.itl", DELETE),), schema="'itl' is a required property"),
     Case("threshold-zero", P, (("spec.slo.ttft.thresholdMs", 0),), schema="less than or equal"),
     Case("gmu-max-1", P, (("spec.bounds.gpuMemoryUtilization.max", 1.0),), schema="maximum"),
+    Case("gmu-min-zero", P, (("spec.bounds.gpuMemoryUtilization.min", 0),), schema="less than"),
     Case("step-zero", P, (("spec.bounds.maxNumBatchedTokens.maxStep", 0),), schema="less than"),
     Case("interval-words", P, (("spec.rollout.minInterval", "15 minutes"),), schema="match"),
     Case("per-day-neg", P, (("spec.rollout.maxPerDay", -1),), schema="less than the minimum"),
