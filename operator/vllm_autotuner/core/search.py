@@ -74,8 +74,7 @@ def _near(k: Knobs, lost: Knobs) -> bool:
     return (
         close(k.max_num_batched_tokens, lost.max_num_batched_tokens)
         and close(k.max_num_seqs, lost.max_num_seqs)
-        and k.gpu_memory_utilization
-        <= lost.gpu_memory_utilization + REGRESSION_GMU + GMU_EPSILON
+        and k.gpu_memory_utilization <= lost.gpu_memory_utilization + REGRESSION_GMU + GMU_EPSILON
     )
 
 
