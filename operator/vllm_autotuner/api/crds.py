@@ -194,6 +194,13 @@ def deployment_crd() -> dict[str, Any]:
         {"name": "ITL-P95", "type": "number", "jsonPath": ".status.observed.itlP95Ms",
          "description": "Observed P95 inter-token latency, ms."},
         _condition_column("SLO-Met", "SLOMet", "The last window met the SLO."),
+        {"name": "Phase", "type": "string", "jsonPath": ".status.tuning.phase",
+         "description": "The tuner's phase (RollingOut, Verifying, Promoting: a trial runs)."},
+        {"name": "Strategy", "type": "string", "jsonPath": ".status.tuning.strategy",
+         "description": "How the current or last trial runs: Canary (one pod) or Rolling."},
+        {"name": "Candidate", "type": "integer",
+         "jsonPath": ".status.tuning.candidate.maxNumBatchedTokens",
+         "description": "--max-num-batched-tokens of the candidate on trial (the canary pod's)."},
         _AGE,
     ]  # fmt: skip
     return _crd(

@@ -107,7 +107,8 @@ def test_deployment_printer_columns(crds_by_kind: dict[str, dict[str, Any]]) -> 
     crd = crds_by_kind["VLLMDeployment"]
     columns = {c["name"]: c for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert list(columns) == [
-        "Model", "Mode", "Ready", "MNBT", "MNS", "GMU", "TTFT-P95", "ITL-P95", "SLO-Met", "Age",
+        "Model", "Mode", "Ready", "MNBT", "MNS", "GMU", "TTFT-P95", "ITL-P95", "SLO-Met",
+        "Phase", "Strategy", "Candidate", "Age",
     ]  # fmt: skip
     assert columns["Model"]["jsonPath"] == ".spec.model"
     assert columns["Mode"]["jsonPath"] == ".spec.tuning.mode"
@@ -116,6 +117,10 @@ def test_deployment_printer_columns(crds_by_kind: dict[str, dict[str, Any]]) -> 
     assert columns["MNBT"]["jsonPath"] == ".status.tuning.applied.maxNumBatchedTokens"
     assert columns["TTFT-P95"]["jsonPath"] == ".status.observed.ttftP95Ms"
     assert columns["ITL-P95"]["jsonPath"] == ".status.observed.itlP95Ms"
+    # A trial, and a canary's knobs, show in `kubectl get vllmd`.
+    assert columns["Phase"]["jsonPath"] == ".status.tuning.phase"
+    assert columns["Strategy"]["jsonPath"] == ".status.tuning.strategy"
+    assert columns["Candidate"]["jsonPath"] == ".status.tuning.candidate.maxNumBatchedTokens"
     assert columns["Age"] == {
         "name": "Age",
         "type": "date",
