@@ -294,11 +294,15 @@ class Demo:
     # ------------------------------------------------------------------------ traffic
 
     def _wait_for_pods(self, timeout_s: float = 120.0) -> None:
-        """Traffic starts once the Service has an endpoint, as a client would see it."""
+        """Traffic starts once every replica is an endpoint of the Service, as a client would
+        see it (a later one would only take over part of the load)."""
         deadline = time.monotonic() + timeout_s
-        while not self._endpoints():
+        replicas = int(DEMO_DEPLOYMENT["spec"].get("replicas", 1))
+        while len(self._endpoints()) < replicas:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no pod of {NAME} became ready within {timeout_s:.0f}s")
+                raise RuntimeError(
+                    f"{replicas} pods of {NAME} did not become ready within {timeout_s:.0f}s"
+                )
             if self.operator is not None and self.operator.poll() is not None:
                 raise RuntimeError("the operator exited; see operator.log")
             time.sleep(0.5)
