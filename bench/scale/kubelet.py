@@ -23,6 +23,47 @@ import requests
 USER_AGENT = "bench-kubelet"
 
 
+def replicaset_for(dep: dict[str, Any], revision: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A ReplicaSet `<deployment>-<revision>` controlled by `dep`, as the Deployment controller
+    names and labels it."""
+    meta = dep["metadata"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": f"{meta['name']}-{revision}",
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "replicas": 1,
+            "selector": dep["spec"]["selector"],
+            "template": dep["spec"]["template"],
+        },
+    }
+
+
+def pod_owner(rs_name: str, rs_uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": rs_name,
+        "uid": rs_uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 def _stamp(when: datetime) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -64,7 +105,7 @@ class FleetKubelet:
                 self.errors += 1
             self._stop.wait(self.interval_s)
 
-    def _send(self, method: str, path: str, body: Any, ctype: str) -> None:
+    def _send(self, method: str, path: str, body: Any, ctype: str) -> Any:
         r = self.session.request(
             method,
             self.url + path,
@@ -74,6 +115,21 @@ class FleetKubelet:
         )
         if r.status_code >= 400 and r.status_code != 409:
             r.raise_for_status()
+        return r.json() if r.status_code < 400 else None
+
+    def _replicaset(self, dep: dict[str, Any], revision: str, labels: dict[str, str]) -> str:
+        """The ReplicaSet the Deployment controller would create for this revision; its uid.
+
+        The operator counts only pods a ReplicaSet of its Deployment controls."""
+        ns, name = dep["metadata"]["namespace"], dep["metadata"]["name"]
+        path = f"/apis/apps/v1/namespaces/{ns}/replicasets"
+        body = replicaset_for(dep, revision, labels)
+        created = self._send("POST", path, body, "application/json")
+        if created is None:
+            r = self.session.get(f"{self.url}{path}/{name}-{revision}", timeout=30)
+            r.raise_for_status()
+            created = r.json()
+        return str(created["metadata"]["uid"])
 
     def sync(self) -> int:
         """One pass over every Deployment; returns how many got a new pod."""
@@ -103,6 +159,7 @@ class FleetKubelet:
         pod_name = f"{name}-{revision}"
         ready_at = _stamp(datetime.now(tz=UTC) - timedelta(hours=1))
         labels = {**(template["metadata"].get("labels") or {}), "pod-template-hash": revision}
+        rs_uid = self._replicaset(dep, revision, labels)
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -111,6 +168,7 @@ class FleetKubelet:
                 "namespace": ns,
                 "labels": labels,
                 "annotations": dict(template["metadata"].get("annotations") or {}),
+                "ownerReferences": [pod_owner(pod_name, rs_uid)],
             },
             "spec": template["spec"],
         }

@@ -7,7 +7,9 @@ client), and recorded; a test injects faults that match requests by verb, resour
 or any predicate: an error status (409, 500, 503...), a delay before forwarding (the answer
 comes after the client gave up, but the write lands), cut watch streams, and the 410 Gone that
 a watch resuming from a compacted resourceVersion receives (the ERROR event kube-apiserver
-sends, with reason Expired).
+sends, with reason Expired), and watch events that arrive garbled (`corrupt_watch_events`: the
+line of each chosen event is replaced, by default by a line cut short, as a proxy that drops a
+connection mid-line would leave it; every other event of the stream passes unchanged).
 
 The client talks plain HTTP to 127.0.0.1; the proxy talks HTTPS to the API server, trusting
 its CA.
@@ -141,6 +143,41 @@ class Fault:
         return True
 
 
+CUT_LINE = b'{"type":"ADDED","object":{"metadata":{"name":"poi'
+"""A watch event line cut short: not JSON."""
+
+
+@dataclass
+class WatchCorruption:
+    """Watch events on `resource` whose event (type and object) `select` picks reach the client
+    as `line` instead; `times` None: for ever. `hits` counts the events replaced."""
+
+    resource: str
+    select: Callable[[Mapping[str, Any]], bool]
+    line: bytes = CUT_LINE
+    times: int | None = None
+    hits: int = 0
+
+    def rewrite(self, event: Mapping[str, Any]) -> bytes | None:
+        if self.times is not None and self.hits >= self.times:
+            return None
+        if not self.select(event):
+            return None
+        self.hits += 1
+        return self.line
+
+
+def event_named(name: str) -> Callable[[Mapping[str, Any]], bool]:
+    """Selects the watch events about the object called `name`."""
+
+    def select(event: Mapping[str, Any]) -> bool:
+        obj = event.get("object")
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        return isinstance(meta, Mapping) and meta.get("name") == name
+
+    return select
+
+
 def status_body(code: int, message: str, reason: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}  # fmt: skip
@@ -161,6 +198,7 @@ class FaultProxy:
         self.port = 0
         self.requests: list[RequestRecord] = []
         self._faults: list[Fault] = []
+        self._corruptions: list[WatchCorruption] = []
         self._lock = threading.Lock()
         self._expired_before: int | None = None
         self._watches: set[web.StreamResponse] = set()
@@ -191,11 +229,27 @@ class FaultProxy:
             self._faults.append(fault)
         return fault
 
+    def corrupt_watch_events(
+        self,
+        resource: str,
+        select: Callable[[Mapping[str, Any]], bool],
+        *,
+        line: bytes = CUT_LINE,
+        times: int | None = None,
+    ) -> WatchCorruption:
+        """Watch events on `resource` that `select` picks arrive as `line`, in the watches
+        opened from now on (a stream already open is relayed as it began)."""
+        corruption = WatchCorruption(resource, select, line, times)
+        with self._lock:
+            self._corruptions.append(corruption)
+        return corruption
+
     def clear_faults(self) -> None:
-        """Drop the injected faults (an expiry set by `expire_watches_before` stays: a
-        compacted history does not come back)."""
+        """Drop the injected faults and watch corruptions (an expiry set by
+        `expire_watches_before` stays: a compacted history does not come back)."""
         with self._lock:
             self._faults.clear()
+            self._corruptions.clear()
 
     def expire_watches_before(self, resource_version: int) -> None:
         """Watches resuming from an older resourceVersion get 410 Gone, as after compaction."""
@@ -260,6 +314,46 @@ class FaultProxy:
             return web.Response(text=json.dumps(event) + "\n", content_type="application/json")
         return await self._forward(request, record, raw)
 
+    def _corruptions_for(self, record: RequestRecord) -> list[WatchCorruption]:
+        if record.verb != "watch":
+            return []
+        with self._lock:
+            return [c for c in self._corruptions if c.resource == record.resource]
+
+    def _rewrite(self, line: bytes, corruptions: list[WatchCorruption]) -> bytes:
+        """The line to send for one upstream watch event line (without its newline)."""
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return line
+        if not isinstance(event, Mapping):
+            return line
+        with self._lock:
+            for corruption in corruptions:
+                replaced = corruption.rewrite(event)
+                if replaced is not None:
+                    return replaced
+        return line
+
+    async def _relay(
+        self,
+        upstream: aiohttp.ClientResponse,
+        response: web.StreamResponse,
+        corruptions: list[WatchCorruption],
+    ) -> None:
+        """Copy the body; a corrupted watch is cut into event lines, each rewritten or not."""
+        if not corruptions:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            return
+        pending = b""
+        async for chunk in upstream.content.iter_any():
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                await response.write(self._rewrite(line, corruptions) + b"\n")
+        if pending:
+            await response.write(pending)
+
     async def _forward(
         self, request: web.Request, record: RequestRecord, raw: bytes
     ) -> web.StreamResponse:
@@ -267,6 +361,10 @@ class FaultProxy:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         if self.token is not None and "Authorization" not in request.headers:
             headers["Authorization"] = f"Bearer {self.token}"
+        corruptions = self._corruptions_for(record)
+        if corruptions:  # the events are read as text lines: no compressed stream
+            headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
+            headers["Accept-Encoding"] = "identity"
         url = self.upstream + request.rel_url.path_qs
         try:
             async with self._session.request(
@@ -281,8 +379,7 @@ class FaultProxy:
                 if record.verb == "watch":
                     self._watches.add(response)
                 try:
-                    async for chunk in upstream.content.iter_any():
-                        await response.write(chunk)
+                    await self._relay(upstream, response, corruptions)
                     await response.write_eof()
                 finally:
                     self._watches.discard(response)

@@ -8,20 +8,23 @@ anything is in `core/` and tested without a cluster.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
 from vllm_autotuner import API_VERSION
-from vllm_autotuner.adapters.kube import KubeClient, resource_path
+from vllm_autotuner.adapters.kube import KubeClient, KubeError, object_path, resource_path
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.promql import SnapshotTarget
-from vllm_autotuner.api.deployment import VLLMDeploymentSpec
+from vllm_autotuner.api.common import LabelSelector
+from vllm_autotuner.api.deployment import VLLMDeploymentSpec, child_name_problem
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
 from vllm_autotuner.core import render
 from vllm_autotuner.core.commands import (
@@ -30,11 +33,12 @@ from vllm_autotuner.core.commands import (
     hold_while_paused,
     read_commands,
 )
-from vllm_autotuner.core.conditions import ConditionUpdate
+from vllm_autotuner.core.conditions import ConditionUpdate, format_time
 from vllm_autotuner.core.decide import Decision, canary_command, decide
 from vllm_autotuner.core.perf_model import AnalyticModel, PerformanceModel
-from vllm_autotuner.core.policy import Resolution, resolve
+from vllm_autotuner.core.policy import Resolution, governing_policies, resolve
 from vllm_autotuner.core.rollout import adopt_unrecorded
+from vllm_autotuner.core.sanitize import MAX_EVENT_TEXT, clean_status, clean_text
 from vllm_autotuner.core.search_memo import SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.starting_point import StartingPoint, starting_knobs
@@ -58,6 +62,7 @@ from vllm_autotuner.core.tuning_types import (
     TuningPolicy,
     TuningState,
 )
+from vllm_autotuner.core.vllm_checks import startup_refusal
 from vllm_autotuner.observer import Observer
 
 log = logging.getLogger(__name__)
@@ -76,9 +81,45 @@ def canary_key(key: tuple[str, str]) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Event:
+    """An Event to post about the VLLMDeployment; its note is cleaned and cut on creation
+    (it may quote Prometheus, the API server or the tenant's own spec)."""
+
     type: str  # Normal | Warning
     reason: str
     message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", clean_text(self.message, MAX_EVENT_TEXT))
+
+
+REFUSED_STATUSES = (400, 422)  # the API server refused the object itself: retrying cannot help
+REJECTION_BACKOFF_S = (60.0, 1800.0)  # first and longest wait before re-sending a refused child
+
+
+def rejection_backoff(failures: int) -> timedelta:
+    """60 s after the first refusal, doubling, at most 30 minutes."""
+    first, longest = REJECTION_BACKOFF_S
+    return timedelta(seconds=min(longest, first * 2 ** max(0, min(failures, 20) - 1)))
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A child the API server refused: what was sent, how often, and when to try again."""
+
+    digest: str
+    failures: int
+    message: str
+    retry_at: datetime
+
+    def describe(self, kind: str) -> str:
+        return (
+            f"the API server refused the {kind}: {self.message}; not sent again before "
+            f"{format_time(self.retry_at)} unless it changes"
+        )
 
 
 @dataclass
@@ -129,6 +170,9 @@ class Controller:
         # a reconcile from an older copy (an index or kopf body behind the watch) would decide
         # again from the state before that write, e.g. re-apply a trial it just rolled back.
         self._written: dict[tuple[str, str], Mapping[str, Any]] = {}
+        # Children the API server refused, by (namespace, name, kind): not re-sent unchanged
+        # before their back-off ends.
+        self._rejected: dict[tuple[str, str, str], Rejection] = {}
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One reconcile at a time per object: the periodic one and the event handlers share it."""
@@ -138,6 +182,7 @@ class Controller:
         self._locks.pop((namespace, name), None)
         for kind in CHILD_KINDS:
             self._applied.pop((namespace, name, kind), None)
+            self._rejected.pop((namespace, name, kind), None)
         self._models.pop((namespace, name), None)
         self._searches.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
@@ -153,15 +198,20 @@ class Controller:
         namespace_labels: Mapping[str, str],
         children: Mapping[str, Mapping[str, Any] | None],
         pods: Sequence[Mapping[str, Any]] = (),
+        replicasets: Sequence[Mapping[str, Any]] = (),
     ) -> Outcome:
         """`children` maps kind ("Deployment", "Service", and "Canary" for the canary
-        Deployment) to the live child, or None; `pods` are the live pods of the deployment
-        (any revision, canary included)."""
+        Deployment) to the live child, or None; `pods` are the pods carrying the deployment's
+        labels and `replicasets` the ReplicaSets: only pods a ReplicaSet of our Deployments
+        (stable or canary) controls count (anyone can copy labels)."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         async with self.lock(namespace, name):
             body = self._freshest_self(namespace, name, body)
-            return await self._reconcile(body, policies, namespace_labels, children, pods)
+            fresh = self._freshest(namespace, name, children)
+            deployments = [d for d in (fresh.get("Deployment"), fresh.get("Canary")) if d]
+            mine = owned_pods(pods, replicasets, deployments, str(meta.get("uid")))
+            return await self._reconcile(body, policies, namespace_labels, children, mine)
 
     def _freshest_self(
         self, namespace: str, name: str, body: Mapping[str, Any]
@@ -196,23 +246,25 @@ class Controller:
 
         try:
             spec = VLLMDeploymentSpec.model_validate(dict(body.get("spec") or {}))
+            refusal = _refusal(name, spec)
         except ValidationError as exc:
-            message = f"spec is invalid: {_first_errors(exc)}"
+            refusal = ("InvalidSpec", f"spec is invalid: {_first_errors(exc)}")
+        if refusal is not None:
+            reason, message = refusal
             updates += [
-                ConditionUpdate("Degraded", "True", "InvalidSpec", message),
-                ConditionUpdate("PolicyResolved", "Unknown", "InvalidSpec", message),
+                ConditionUpdate("Degraded", "True", reason, message),
+                ConditionUpdate("PolicyResolved", "Unknown", reason, message),
                 readiness(child),
             ]
-            outcome.events.append(Event("Warning", "InvalidSpec", message))
+            if previous_reason(previous, "Degraded") != reason:
+                outcome.events.append(Event("Warning", reason, message))
             await self._write_status(
                 namespace, name, previous, generation, now, updates, {}, outcome
             )
             return outcome
 
         policy_name = spec.tuning.policy_ref
-        resolution = self._resolve(
-            spec, policy_name, policies.get(policy_name), namespace, namespace_labels
-        )
+        resolution = self._resolve(spec, policy_name, policies, namespace, namespace_labels)
         fields["mode"] = resolution.mode if resolution.ok else spec.tuning.mode
         fields["policy"] = resolution.policy_name
         fields["replicas"] = child.replicas
@@ -268,12 +320,7 @@ class Controller:
         if topo.canary is not None:
             desired["Canary"] = render.render_canary(spec, topo.canary, owner)
         await self._remove_canary(namespace, name, children.get("Canary"), desired, owner)
-        for kind, manifest in desired.items():
-            live = children.get(kind)
-            if live is None or render.drifted(manifest, live):
-                result = await self.kube.apply(manifest)
-                self._applied[(namespace, name, kind)] = (time.monotonic(), child_copy(result))
-                outcome.applied.append(kind)
+        refused = await self._apply_children((namespace, name), desired, children, now, outcome)
         if "Deployment" in outcome.applied:
             outcome.events.append(
                 _deployment_event(
@@ -298,7 +345,11 @@ class Controller:
             fields["observed"] = keep_stamp(
                 {"_": tuned.observed}, {"_": previous.get("observed")}, "_", "time"
             )["_"]
-        degraded = tuned.degraded or ConditionUpdate("Degraded", "False", "AsExpected", "")
+        degraded = (
+            refused or tuned.degraded or ConditionUpdate("Degraded", "False", "AsExpected", "")
+        )
+        if refused is not None and previous_reason(previous, "Degraded") != refused.reason:
+            outcome.events.append(Event("Warning", refused.reason, refused.message))
         updates += [
             ConditionUpdate("PolicyResolved", "True", resolution.reason, resolution.message),
             degraded,
@@ -331,6 +382,90 @@ class Controller:
         path = resource_path("apps/v1", "deployments", namespace, render.canary_name(name))
         await self.kube.delete(path)
         self._applied.pop((namespace, name, "Canary"), None)
+
+    async def _apply_children(
+        self,
+        key: tuple[str, str],
+        desired: Mapping[str, Mapping[str, Any]],
+        children: Mapping[str, Mapping[str, Any] | None],
+        now: datetime,
+        outcome: Outcome,
+    ) -> ConditionUpdate | None:
+        """Apply each child that is missing or drifted; a Degraded update if one was refused.
+
+        A child the API server refuses (400/422: a value the CRD could not check) is not sent
+        again, unchanged, until its back-off ends: the same PATCH would only fail again.
+        """
+        namespace, name = key
+        conflicts = await self._foreign_children(desired, children)
+        if conflicts:
+            return ConditionUpdate("Degraded", "True", "NameConflict", "; ".join(conflicts))
+        problems: list[str] = []
+        for kind, manifest in desired.items():
+            live = children.get(kind)
+            if live is not None and not render.drifted(manifest, live):
+                self._rejected.pop((namespace, name, kind), None)
+                continue
+            held = self._rejected.get((namespace, name, kind))
+            digest = manifest_digest(manifest)
+            if held is not None and held.digest == digest and now < held.retry_at:
+                problems.append(held.describe(kind))
+                continue
+            try:
+                result = await self.kube.apply(dict(manifest))
+            except KubeError as exc:
+                if exc.status not in REFUSED_STATUSES:
+                    raise
+                failures = held.failures + 1 if held is not None and held.digest == digest else 1
+                rejection = Rejection(digest, failures, str(exc), now + rejection_backoff(failures))
+                self._rejected[(namespace, name, kind)] = rejection
+                problems.append(rejection.describe(kind))
+                continue
+            self._rejected.pop((namespace, name, kind), None)
+            self._applied[(namespace, name, kind)] = (time.monotonic(), child_copy(result))
+            outcome.applied.append(kind)
+        if not problems:
+            return None
+        return ConditionUpdate("Degraded", "True", "ChildRejected", "; ".join(problems))
+
+    async def _write_status_refused(
+        self,
+        path: str,
+        previous: Mapping[str, Any],
+        generation: int | None,
+        now: datetime,
+        exc: KubeError,
+    ) -> dict[str, Any]:
+        """After a refused status write: the conditions alone, so status is never left empty
+        or silently stale; {} when they already say so."""
+        log.warning("%s: the API server refused the status update: %s", path, exc)
+        patch = _status_refused_patch(previous, generation, now, exc)
+        if not patch:
+            return {}
+        return await self.kube.merge_patch(path, {"status": patch}, subresource="status")
+
+    async def _foreign_children(
+        self,
+        desired: Mapping[str, Mapping[str, Any]],
+        children: Mapping[str, Mapping[str, Any] | None],
+    ) -> list[str]:
+        """Why each child name is taken by an object this VLLMDeployment does not control.
+
+        The indexes see only objects with our managed-by label, and anyone can set a label;
+        so a child counts as ours only by its controller reference to this object's uid, and a
+        name the index does not know is looked up before it is created: applying with force
+        would take over a stranger's Service or Deployment, and the owner reference we add
+        would let the garbage collector delete it with the VLLMDeployment.
+        """
+        found = []
+        for kind, manifest in desired.items():
+            live = children.get(kind)
+            if live is None:
+                live = await self.kube.get(object_path(dict(manifest)))
+            owner = manifest["metadata"]["ownerReferences"][0]
+            if live is not None and not controlled_by(live, owner["uid"]):
+                found.append(_conflict_message(kind, manifest, live))
+        return found
 
     def child_deleted(self, namespace: str, name: str, kind: str) -> None:
         """The watch saw our child deleted: what we applied before no longer stands."""
@@ -583,21 +718,36 @@ class Controller:
         self,
         spec: VLLMDeploymentSpec,
         policy_name: str,
-        raw_policy: Mapping[str, Any] | None,
+        policies: Mapping[str, Mapping[str, Any]],
         namespace: str,
         namespace_labels: Mapping[str, str],
     ) -> Resolution:
+        """The policy in force. `policies` are all the cluster's (name -> spec): which ones
+        select this namespace decides which it may name (core.policy.governing_policies)."""
+        raw_policy = policies.get(policy_name)
         if raw_policy is None:
             return resolve(spec, policy_name, None, namespace, namespace_labels)
+        governing = governing_policies(_selectors(policies), namespace_labels)
         try:
             policy = VLLMTuningPolicySpec.model_validate(dict(raw_policy))
         except ValidationError as exc:
+            if policy_name not in governing:  # not this namespace's to name, valid or not
+                policy = None
+            else:
+                return Resolution(
+                    ok=False,
+                    reason="PolicyInvalid",
+                    message=f"VLLMTuningPolicy {policy_name!r} is invalid: {_first_errors(exc)}",
+                )
+        if policy is None:
+            allowed = ", ".join(governing) or "none"
             return Resolution(
                 ok=False,
-                reason="PolicyInvalid",
-                message=f"VLLMTuningPolicy {policy_name!r} is invalid: {_first_errors(exc)}",
+                reason="PolicyNotAllowed",
+                message=f"namespace {namespace!r} is governed by VLLMTuningPolicy {allowed}; "
+                f"spec.tuning.policyRef {policy_name!r} is not one of them",
             )
-        return resolve(spec, policy_name, policy, namespace, namespace_labels)
+        return resolve(spec, policy_name, policy, namespace, namespace_labels, governing)
 
     async def _write_status(
         self,
@@ -610,14 +760,32 @@ class Controller:
         fields: Mapping[str, Any],
         outcome: Outcome,
     ) -> None:
-        new = compute_status(
-            previous, generation=generation, now=now, updates=updates, fields=fields
+        new = clean_status(
+            compute_status(previous, generation=generation, now=now, updates=updates, fields=fields)
         )
         patch = status_patch(previous, new)
         if not patch:
             return
         path = resource_path(API_VERSION, "vllmdeployments", namespace, name)
-        result = await self.kube.merge_patch(path, {"status": patch}, subresource="status")
+        key = (namespace, name, "status")
+        held = self._rejected.get(key)
+        digest = manifest_digest(patch)
+        try:
+            if held is not None and held.digest == digest and now < held.retry_at:
+                raise KubeError(422, held.message)
+            result = await self.kube.merge_patch(path, {"status": patch}, subresource="status")
+        except KubeError as exc:
+            if exc.status not in REFUSED_STATUSES:
+                raise
+            failures = held.failures + 1 if held is not None and held.digest == digest else 1
+            self._rejected[key] = Rejection(
+                digest, failures, str(exc), now + rejection_backoff(failures)
+            )
+            result = await self._write_status_refused(path, previous, generation, now, exc)
+            if not result:
+                return
+        else:
+            self._rejected.pop(key, None)
         outcome.status_written = True
         if isinstance(result.get("metadata"), Mapping) and "status" in result:
             self._written[(namespace, name)] = child_copy(result)
@@ -651,6 +819,86 @@ def log_decision(
             "reason": decision.reason,
         },
     )
+
+
+def _status_refused_patch(
+    previous: Mapping[str, Any], generation: int | None, now: datetime, exc: KubeError
+) -> dict[str, Any]:
+    """A status the API server cannot refuse: only the conditions, saying why."""
+    message = f"the API server refused the status update: {exc}"
+    update = ConditionUpdate("Degraded", "True", "StatusRejected", message)
+    new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
+    return status_patch(previous, clean_status(new))
+
+
+def _controller_uid(obj: Mapping[str, Any], kind: str, api_version: str) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            if ref.get("kind") == kind and ref.get("apiVersion") == api_version:
+                return str(ref.get("uid"))
+            return None
+    return None
+
+
+def owned_pods(
+    pods: Sequence[Mapping[str, Any]],
+    replicasets: Sequence[Mapping[str, Any]],
+    deployments: Sequence[Mapping[str, Any]],
+    owner_uid: str,
+) -> list[Mapping[str, Any]]:
+    """The pods that a ReplicaSet of our Deployments (stable, canary) controls, each Deployment
+    being one this VLLMDeployment controls. A pod that only carries our labels (copied by a
+    careless manifest, or on purpose) neither degrades the deployment nor feeds the tuner."""
+    uids = {
+        str((d.get("metadata") or {}).get("uid") or "")
+        for d in deployments
+        if controlled_by(d, owner_uid)
+    } - {""}
+    if not uids:
+        return []
+    sets = {
+        str((rs.get("metadata") or {}).get("uid"))
+        for rs in replicasets
+        if _controller_uid(rs, "Deployment", "apps/v1") in uids
+    }
+    return [p for p in pods if _controller_uid(p, "ReplicaSet", "apps/v1") in sets]
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether `obj`'s controller reference points at the VLLMDeployment with this uid."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return bool(
+                ref.get("uid") == uid
+                and ref.get("kind") == "VLLMDeployment"
+                and ref.get("apiVersion") == API_VERSION
+            )
+    return False
+
+
+def _conflict_message(kind: str, manifest: Mapping[str, Any], live: Mapping[str, Any]) -> str:
+    name = manifest["metadata"]["name"]
+    owners = [
+        f"{ref.get('kind')}/{ref.get('name')}"
+        for ref in (live.get("metadata") or {}).get("ownerReferences") or ()
+        if isinstance(ref, Mapping) and ref.get("controller") is True
+    ]
+    held = f"controlled by {owners[0]}" if owners else "not created by this VLLMDeployment"
+    return (
+        f"a {kind} named {name} already exists and is {held}; it was left untouched and "
+        "nothing was deployed (rename the VLLMDeployment, or delete that object)"
+    )
+
+
+def _refusal(name: str, spec: VLLMDeploymentSpec) -> tuple[str, str] | None:
+    """(reason, message) when no child may be rendered for this object; None otherwise."""
+    bad_name = child_name_problem(name)
+    if bad_name is not None:
+        return "InvalidName", bad_name
+    refused = startup_refusal(spec)
+    if refused is not None:
+        return "VLLMWouldRefuse", refused
+    return None
 
 
 def _deployment_event(
@@ -745,6 +993,18 @@ def previous_reason(status: Mapping[str, Any], cond_type: str) -> str | None:
     return str(cond.get("reason")) if cond else None
 
 
+def _selectors(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, LabelSelector]:
+    """Each policy's namespaceSelector; a policy whose selector cannot be read selects nothing
+    (it is invalid, and says so on its own status)."""
+    out = {}
+    for name, raw in policies.items():
+        try:
+            out[name] = LabelSelector.model_validate(dict(raw.get("namespaceSelector") or {}))
+        except (ValidationError, TypeError, ValueError):
+            continue
+    return out
+
+
 def _policy_spec(raw: Mapping[str, Any] | None) -> VLLMTuningPolicySpec | None:
     if raw is None:
         return None
@@ -830,7 +1090,7 @@ def policy_status_patch(body: Mapping[str, Any], now: datetime) -> dict[str, Any
     except ValidationError as exc:
         update = ConditionUpdate("Valid", "False", "Invalid", _first_errors(exc))
     new = compute_status(previous, generation=generation, now=now, updates=[update], fields={})
-    return status_patch(previous, new)
+    return status_patch(previous, clean_status(new))
 
 
 def child_copy(body: Mapping[str, Any], *, keep_spec: bool = True) -> dict[str, Any]:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -92,6 +94,66 @@ def connection_info(credentials: KubeCredentials) -> kopf.ConnectionInfo:
         proxy_url=cfg.proxy,
         default_namespace="default",
     )
+
+
+# The API server's JSON decoder refuses documents nested deeper than this (encoding/json and
+# sigs.k8s.io/json, maxNestingDepth), so no object it stores or serves is deeper.
+API_SERVER_MAX_JSON_DEPTH = 10_000
+# Python's C JSON decoder spends one recursion level per nesting level, and the handlers and
+# copies around it up to two more: room for the deepest object the API server can serve.
+RECURSION_LIMIT = 3 * API_SERVER_MAX_JSON_DEPTH + 2_000
+UNDECODABLE = "UNDECODABLE"  # an event type kopf does not know: it logs and skips the event
+
+
+def allow_api_server_depth() -> None:
+    """Let this process decode any object the API server can serve.
+
+    Python's default limit (1000) makes kopf's watch fail to decode an object nested a few
+    thousand levels deep (a free-form field of an old CRD, another API server); the watcher's
+    exception then stops the whole operator, for every tenant, for as long as the object exists.
+    """
+    if sys.getrecursionlimit() < RECURSION_LIMIT:
+        sys.setrecursionlimit(RECURSION_LIMIT)
+
+
+class TolerantJSON:
+    """The ``json`` kopf's watch stream decodes each event line with.
+
+    A line that cannot be decoded (truncated by a proxy, not JSON, deeper than any limit)
+    becomes an event of a type kopf does not know, which kopf logs and skips; without this the
+    exception ends kopf's watcher and the operator with it. Only that one event is lost: the
+    object is read again at the next re-list, and the others keep flowing.
+    """
+
+    @staticmethod
+    def loads(text: str | bytes) -> Any:
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError, MemoryError) as exc:
+            log.error(
+                "skipped a watch event that cannot be decoded (%s, %d bytes)",
+                type(exc).__name__,
+                len(text),
+            )
+            return {"type": UNDECODABLE, "object": {}}
+
+    dumps = staticmethod(json.dumps)
+
+
+def tolerate_undecodable_watch_events() -> bool:
+    """Route kopf's watch-stream decoding through TolerantJSON; False if kopf changed shape."""
+    try:
+        from kopf._cogs.clients import api as kopf_api
+    except ImportError:  # pragma: no cover - kopf moved its internals
+        log.warning("kopf's watch stream could not be hardened; relying on the depth limit")
+        return False
+    if getattr(kopf_api, "json", None) is not json and not isinstance(
+        getattr(kopf_api, "json", None), TolerantJSON
+    ):
+        log.warning("kopf's watch stream could not be hardened; relying on the depth limit")
+        return False
+    setattr(kopf_api, "json", TolerantJSON())  # noqa: B010 - kopf does not export it
+    return True
 
 
 def _child_key(namespace: str | None, name: str | None) -> str:
@@ -244,6 +306,17 @@ def build_registry(
     ) -> dict[str, dict[str, Any]]:
         return {_child_key(namespace, name): child_copy(body)}
 
+    # A pod counts only when a ReplicaSet of our Deployment owns it (labels alone prove
+    # nothing: anyone can copy them), so the ReplicaSets are indexed too, by their owner label.
+    @kopf.index(
+        "apps", "v1", "replicasets", labels=managed, id="replicaset_index", registry=registry
+    )
+    async def replicaset_index(
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[str, dict[str, Any]] | None:
+        owner = labels.get(DEPLOYMENT_LABEL)
+        return {_child_key(namespace, owner): child_copy(body, keep_spec=False)} if owner else None
+
     @kopf.index("", "v1", "pods", labels=managed, id="pod_index", registry=registry)
     async def pod_index(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
@@ -270,11 +343,9 @@ def build_registry(
         meta = body["metadata"]
         key = _child_key(meta.get("namespace"), meta.get("name"))
         ns_labels = _first(indexes["namespace_index"], meta.get("namespace")) or {}
-        policies = {}
-        ref = ((body.get("spec") or {}).get("tuning") or {}).get("policyRef", "default")
-        policy = _first(indexes["policy_index"], ref)
-        if policy is not None:
-            policies[ref] = policy
+        # Every policy: which ones select the namespace decides which it may name.
+        index = indexes["policy_index"]
+        policies = {name: policy for name in index if (policy := _first(index, name)) is not None}
         started = time.perf_counter()
         try:
             outcome = await controller.reconcile(
@@ -288,6 +359,7 @@ def build_registry(
                     **(known_children or {}),
                 },
                 pods=_all(indexes["pod_index"], key),
+                replicasets=_all(indexes["replicaset_index"], key),
             )
         except RETRIABLE as exc:
             metrics.reconcile_errors.labels(meta.get("namespace"), meta.get("name")).inc()
@@ -421,6 +493,8 @@ async def run_operator(
             "no --prometheus-url: VLLMDeployments are deployed with the knobs they start from, "
             "but nothing is observed, tuned or verified (MetricsAvailable=False on each)"
         )
+    allow_api_server_depth()
+    tolerate_undecodable_watch_events()
     registry, _ = build_registry(config, snapshot_source)
     await kopf.operator(
         registry=registry,

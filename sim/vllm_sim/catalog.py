@@ -282,7 +282,8 @@ class ModelSpec:
         return max(1, self.num_key_value_heads // tp)
 
     def kv_bytes_per_token(self, tp: int, kv_dtype_bytes: int) -> int:
-        """Per GPU: 2 (K and V) x layers x kv heads per rank x head_dim x dtype (vLLM v1/kv_cache_interface.py)."""
+        """Per GPU: 2 (K and V) x layers x kv heads per rank x head_dim x dtype
+        (vLLM v1/kv_cache_interface.py)."""
         return (
             2 * self.num_hidden_layers * self.kv_heads_per_rank(tp) * self.head_dim * kv_dtype_bytes
         )

@@ -11,7 +11,8 @@ the Accept header picks text 0.0.4 or OpenMetrics (whose negotiation, with prome
 0.23 and a Prometheus 2.x that sends no `escaping=`, writes `vllm_` instead of `vllm:`, as a real
 pod does), `name[]` restricts the families, and gzip is used when accepted. Counters and
 histograms carry `_created` samples like prometheus_client's own (unless the environment sets
-PROMETHEUS_DISABLE_CREATED_SERIES=true). Names, meanings and buckets: vLLM v1/metrics/loggers.py, buckets.py, docs/usage/metrics.md.
+PROMETHEUS_DISABLE_CREATED_SERIES=true). Names, meanings and buckets: vLLM
+v1/metrics/loggers.py, buckets.py, docs/usage/metrics.md.
 """
 
 from __future__ import annotations

@@ -126,6 +126,11 @@ class ApiServer:
         path.write_text(yaml.safe_dump(config))
         return path
 
+    @property
+    def operator_token(self) -> str:
+        """The bearer token of the operator's identity, `vllm-autotuner`."""
+        return self.control_plane.operator_credentials()[1]
+
     def operator_credentials(self) -> KubeCredentials:
         """What the operator under test connects with: its own identity, `vllm-autotuner`."""
         server, token, ca_file = self.control_plane.operator_credentials()

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import requests
+from bench.scale.kubelet import pod_owner, replicaset_for
 
 from tests.support.cluster_api import ApiServer
 from vllm_autotuner.adapters.promql import SnapshotTarget
@@ -110,6 +111,18 @@ class FakeKubelet:
                 "application/merge-patch+json",
             )
 
+    def pod_owners(
+        self, dep: dict[str, Any], revision: str, labels: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        """The ReplicaSet of this revision (created when missing), as the pod's owner: the
+        operator counts only pods a ReplicaSet of its Deployment controls."""
+        ns, name = self.namespace, dep["metadata"]["name"]
+        rs_path = f"/apis/apps/v1/namespaces/{ns}/replicasets"
+        rs = self._json("GET", f"{rs_path}/{name}-{revision}") or self._json(
+            "POST", rs_path, replicaset_for(dep, revision, labels), "application/json"
+        )
+        return [pod_owner(f"{name}-{revision}", rs["metadata"]["uid"])]
+
     def _create_pod(self, dep: dict[str, Any], revision: str) -> None:
         ns, name = self.namespace, dep["metadata"]["name"]
         template = dep["spec"]["template"]
@@ -138,6 +151,7 @@ class FakeKubelet:
                 "namespace": ns,
                 "labels": labels,
                 "annotations": annotations,
+                "ownerReferences": self.pod_owners(dep, revision, labels),
             },
             "spec": template["spec"],
         }

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
+import pytest
+
 from tests.support.cluster_api import (
     CR,
     CR_PATH,
@@ -220,6 +222,17 @@ def compact(proxy: FaultProxy, api: Api) -> int:
     return now
 
 
+@pytest.fixture
+def proxy(apiserver: ApiServer) -> Iterator[FaultProxy]:
+    """A proxy to the session's API server; clients without credentials act as the operator."""
+    proxy = FaultProxy(apiserver.url, str(apiserver.ca_file), token=apiserver.operator_token)
+    proxy.start_in_thread()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
 # ------------------------------------------------------------------------------ the operator
 
 
@@ -345,6 +358,7 @@ class FaultyKubelet(FakeKubelet):
                 "namespace": ns,
                 "labels": labels,
                 "annotations": annotations,
+                "ownerReferences": self.pod_owners(dep, revision, labels),
             },
             "spec": template["spec"],
         }

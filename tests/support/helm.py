@@ -53,9 +53,10 @@ NAMESPACED_RULES: frozenset[Rule] = (
     _rules(GROUP, "vllmdeployments", "get,list,watch,patch")
     | _rules(GROUP, "vllmdeployments/status", "patch")
     | _rules(GROUP, "vllmdeployments/finalizers", "update")
-    | _rules("apps", "deployments", "list,watch,create,patch")
-    | _rules("", "services", "list,watch,create,patch")
+    | _rules("apps", "deployments", "get,list,watch,create,patch")
+    | _rules("", "services", "get,list,watch,create,patch")
     | _rules("", "pods", "list,watch")
+    | _rules("apps", "replicasets", "list,watch")
     | EVENT_RULES
 )
 

@@ -88,15 +88,21 @@ RBAC rules for the namespaced objects the operator reads and writes. Used by the
   resources: [vllmdeployments/finalizers]
   verbs: [update]
 # Children are read through watches; server-side apply needs create (first apply) and patch.
+# get: before creating a child, whether its name is taken by an object the operator does not
+# own (it is then left untouched and reported as a NameConflict).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [list, watch, create, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [services]
-  verbs: [list, watch, create, patch]
-# Pod health (CrashLoopBackOff, OOMKilled, readiness) judges every trial.
+  verbs: [get, list, watch, create, patch]
+# Pod health (CrashLoopBackOff, OOMKilled, readiness) judges every trial; a pod counts only
+# when a ReplicaSet of the operator's Deployment controls it, so ReplicaSets are watched too.
 - apiGroups: [""]
   resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [apps]
+  resources: [replicasets]
   verbs: [list, watch]
 {{ include "vllm-autotuner.eventRules" . }}
 {{- end }}

@@ -27,12 +27,23 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from vllm_autotuner.adapters.answers import (
+    ANSWER_MAX_BYTES,
+    READ_CHUNK,
+    SAMPLES_PER_POD,
+    AnswerLimits,
+    AnswerRefused,
+    Inflater,
+    check_values,
+    decode,
+)
 from vllm_autotuner.adapters.promql import (
     DISCOVERY_MATCH,
     REQUIRED_SIGNAL,
     MetricNames,
     QueryFailure,
     QueryOutcome,
+    Sample,
     Selector,
     SnapshotTarget,
     assemble,
@@ -82,14 +93,34 @@ class _Transport(Protocol):
     async def label_values(self, label: str, match: str, start: float, end: float) -> Any: ...
 
 
+MAX_ERROR_TEXT = 300  # of a server's error message, quoted in logs, status and Events
+
+
 def _error_text(body: Any, status: int) -> str:
     if isinstance(body, dict) and body.get("error"):
-        return f"HTTP {status}: {body.get('errorType', 'error')}: {body['error']}"
+        kind = str(body.get("errorType", "error"))[:40]
+        return f"HTTP {status}: {kind}: {str(body['error'])[:MAX_ERROR_TEXT]}"
     return f"HTTP {status}"
 
 
+ACCEPT_ENCODING = "gzip, deflate"  # the encodings Inflater decodes with a budget
+
+
+def _unwrap(status: int, body: Any) -> Any:
+    """`data` of a successful answer; the error an unsuccessful one stands for."""
+    if status >= 500 and not (isinstance(body, dict) and body.get("status") == "error"):
+        raise PrometheusUnreachable(_error_text(body, status))
+    if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
+        raise PrometheusQueryError(_error_text(body, status))
+    return body.get("data")
+
+
 class _AiohttpTransport:
-    """POST form queries: a batched pod regex can be far longer than a URL should be."""
+    """POST form queries: a batched pod regex can be far longer than a URL should be.
+
+    The whole exchange (connect, headers, body) has `timeout_s`, and the body is read within
+    `limits` (adapters.answers): a slow or huge answer costs the budget, never more.
+    """
 
     def __init__(
         self,
@@ -101,39 +132,64 @@ class _AiohttpTransport:
     ) -> None:
         self._session = session
         self._url = url
+        self._timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._server_timeout = f"{max(1.0, timeout_s):.0f}s"
         self._headers = headers
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        self.limits = AnswerLimits.for_pods(0)
 
     async def _call(self, method: str, path: str, form: list[tuple[str, str]]) -> Any:
-        headers = self._headers()
+        headers = {**self._headers(), "Accept-Encoding": ACCEPT_ENCODING}
+        limits = self.limits
         try:
-            async with self._session.request(
-                method,
-                f"{self._url}{path}",
-                data=form if method == "POST" else None,
-                params=form if method == "GET" else None,
-                headers=headers,
-                timeout=self._timeout,
-                ssl=self._ssl,
-            ) as resp:
-                status = resp.status
-                try:
-                    body = await resp.json(content_type=None)
-                except (aiohttp.ContentTypeError, ValueError):
-                    body = None
+            async with asyncio.timeout(self._timeout_s):
+                status, raw = await self._exchange(method, path, form, headers, limits)
         except TimeoutError as exc:
             raise PrometheusUnreachable(
-                f"no answer within {self._timeout.total:g}s ({type(exc).__name__})"
+                f"no answer within {self._timeout_s:g}s ({type(exc).__name__})"
             ) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise PrometheusUnreachable(f"{type(exc).__name__}: {exc}") from exc
-        if status >= 500 and not (isinstance(body, dict) and body.get("status") == "error"):
-            raise PrometheusUnreachable(_error_text(body, status))
-        if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
-            raise PrometheusQueryError(_error_text(body, status))
-        return body.get("data")
+        except AnswerRefused as exc:
+            raise PrometheusQueryError(f"answer refused: {exc}") from None
+        try:
+            body = decode(raw, limits)
+        except AnswerRefused as exc:
+            raise PrometheusQueryError(f"answer refused: {exc}") from None
+        del raw
+        return _unwrap(status, body)
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        form: list[tuple[str, str]],
+        headers: dict[str, str],
+        limits: AnswerLimits,
+    ) -> tuple[int, bytearray]:
+        async with self._session.request(
+            method,
+            f"{self._url}{path}",
+            data=form if method == "POST" else None,
+            params=form if method == "GET" else None,
+            headers=headers,
+            timeout=self._timeout,
+            ssl=self._ssl,
+        ) as resp:
+            if resp.content_length is not None and resp.content_length > limits.max_bytes:
+                raise AnswerRefused(
+                    f"the answer announces {resp.content_length} bytes, more than the "
+                    f"{limits.max_bytes} this query can need"
+                )
+            inflater = Inflater(resp.headers.get("Content-Encoding"), limits.max_bytes)
+            wire = 0
+            async for chunk in resp.content.iter_chunked(READ_CHUNK):
+                wire += len(chunk)
+                if wire > limits.max_bytes:
+                    raise AnswerRefused(f"the answer is larger than {limits.max_bytes} bytes")
+                inflater.feed(chunk)
+            return resp.status, inflater.finish()
 
     async def query(self, expr: str, at: float) -> Any:
         form = [("query", expr), ("time", f"{at:.3f}"), ("timeout", self._server_timeout)]
@@ -146,7 +202,12 @@ class _AiohttpTransport:
 
 
 class _ApiClientTransport:
-    """prometheus-api-client (requests) in worker threads, for the synchronous CLI path."""
+    """prometheus-api-client (requests) in worker threads, for the synchronous CLI path.
+
+    The session's adapter for the Prometheus URL reads every body within the same budget and
+    deadline as the aiohttp transport (adapters.answers), before prometheus-api-client parses
+    it: requests would otherwise read and inflate it whole.
+    """
 
     def __init__(
         self,
@@ -167,6 +228,9 @@ class _ApiClientTransport:
         self._pc = PrometheusConnect(
             url=url, session=session, retry=Retry(total=0), timeout=timeout_s, method="POST"
         )
+        self.limits = AnswerLimits.for_pods(0)
+        # PrometheusConnect mounts its own adapter on the URL; ours replaces it.
+        session.mount(url, _bounded_adapter(lambda: self.limits, timeout_s))
         self._timeout = timeout_s
         self._headers = headers
         self._requests_errors: tuple[type[BaseException], ...] = (
@@ -178,11 +242,13 @@ class _ApiClientTransport:
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
         def call() -> Any:
-            self._pc.headers = self._headers()
+            self._pc.headers = {**self._headers(), "Accept-Encoding": ACCEPT_ENCODING}
             return fn()
 
         try:
             return await asyncio.to_thread(call)
+        except AnswerRefused as exc:
+            raise PrometheusQueryError(f"answer refused: {exc}") from None
         except self._requests_errors as exc:
             raise PrometheusUnreachable(f"{type(exc).__name__}: {exc}") from exc
         except PrometheusApiClientException as exc:
@@ -200,6 +266,51 @@ class _ApiClientTransport:
     async def label_values(self, label: str, match: str, start: float, end: float) -> Any:
         params = {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"}
         return await self._run(lambda: self._pc.get_label_values(label, params=params))
+
+
+def _bounded_adapter(limits: Callable[[], AnswerLimits], timeout_s: float) -> Any:
+    """A requests adapter that reads each body within `limits()` and `timeout_s` in all."""
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    class BoundedAdapter(HTTPAdapter):
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            deadline = time.monotonic() + timeout_s
+            kwargs["stream"] = True
+            response = super().send(request, *args, **kwargs)
+            try:
+                budget = limits()
+                raw = _read_bounded(response.raw, response.headers, budget, deadline)
+                check_values(raw, budget)  # before prometheus-api-client parses it
+            finally:
+                response.close()
+            response._content = bytes(raw)
+            response._content_consumed = True
+            response.headers.pop("Content-Encoding", None)
+            return response
+
+    def _read_bounded(
+        raw: Any, headers: Mapping[str, str], budget: AnswerLimits, deadline: float
+    ) -> bytearray:
+        inflater = Inflater(headers.get("Content-Encoding"), budget.max_bytes)
+        wire = 0
+        while True:
+            if time.monotonic() > deadline:
+                raise requests.exceptions.Timeout(f"no whole answer within {timeout_s:g}s")
+            chunk = (
+                raw.read1(READ_CHUNK, decode_content=False)
+                if hasattr(raw, "read1")
+                else (raw.read(READ_CHUNK, decode_content=False))
+            )
+            if not chunk:
+                return inflater.finish()
+            wire += len(chunk)
+            if wire > budget.max_bytes:
+                raise AnswerRefused(f"the answer is larger than {budget.max_bytes} bytes")
+            inflater.feed(chunk)
+
+    return BoundedAdapter(max_retries=Retry(total=0))
 
 
 class PrometheusSource:
@@ -460,6 +571,7 @@ class PrometheusSource:
                     out[t.key] = Snapshot.unavailable(now, w, reason)
             return out
 
+        _set_limits(transport, AnswerLimits.for_pods(0))
         try:
             names = await self._names_for_cycle(transport, now)
         except PrometheusUnreachable as exc:
@@ -485,7 +597,11 @@ class PrometheusSource:
             )
             for key, expr in build_queries(names, sel, window).items():
                 jobs.append((window, key, expr))
-        results = await self._run_queries(transport, [expr for _, _, expr in jobs], now)
+        wanted = {(t.namespace, p) for ts in groups.values() for t in ts for p in t.pods}
+        _set_limits(transport, AnswerLimits.for_pods(len(wanted)))
+        results = await self._run_queries(
+            transport, [expr for _, _, expr in jobs], now, frozenset(wanted)
+        )
         outcomes: dict[int, dict[str, QueryOutcome]] = {}
         for (window, key, _), outcome in zip(jobs, results, strict=True):
             outcomes.setdefault(window, {})[key] = outcome
@@ -496,15 +612,7 @@ class PrometheusSource:
                     outcomes.get(window, {}), self.namespace_label, self.pod_label
                 )
                 for t in ts:
-                    snap = assemble(
-                        t,
-                        now,
-                        window,
-                        indexed,
-                        rate_scale=self.rate_scale,
-                        namespace_label=self.namespace_label,
-                        pod_label=self.pod_label,
-                    )
+                    snap = self._assemble_one(t, now, window, indexed)
                     if not snap.available and snap.reason.startswith("no vllm metrics"):
                         self._names_suspect = True  # maybe renamed or re-escaped: look again
                     out[t.key] = snap
@@ -516,8 +624,35 @@ class PrometheusSource:
             assemble_all()
         return out
 
+    def _assemble_one(
+        self,
+        target: SnapshotTarget,
+        now: datetime,
+        window: int,
+        indexed: Mapping[str, Any],
+    ) -> Snapshot:
+        """One deployment's Snapshot; a failure here is that deployment's alone."""
+        try:
+            return assemble(
+                target,
+                now,
+                window,
+                indexed,
+                rate_scale=self.rate_scale,
+                namespace_label=self.namespace_label,
+                pod_label=self.pod_label,
+            )
+        except Exception as exc:  # a bug or a shape we did not foresee: never the whole fleet
+            log.exception("metrics of %s/%s could not be read", *target.key)
+            reason = f"the metrics of this deployment could not be read ({type(exc).__name__})"
+            return Snapshot.unavailable(now, window, reason)
+
     async def _run_queries(
-        self, transport: _Transport, exprs: Sequence[str], now: datetime
+        self,
+        transport: _Transport,
+        exprs: Sequence[str],
+        now: datetime,
+        wanted: frozenset[tuple[str, str]] | None = None,
     ) -> list[QueryOutcome]:
         """All queries concurrently (bounded); after the first sign of a dead server the rest
         are skipped, so a cycle against a dead Prometheus costs about one timeout_s."""
@@ -542,9 +677,23 @@ class PrometheusSource:
                         "Prometheus query failed: %s (%s)", self.redact(str(exc)), expr[:200]
                     )
                     return QueryFailure(f"Prometheus query failed: {exc}")
-                return parse_vector(result)
+                samples = parse_vector(result)
+                del result
+                return samples if wanted is None else self._kept(samples, wanted)
 
         return list(await asyncio.gather(*(one(e) for e in exprs)))
+
+    def _kept(self, samples: list[Sample], wanted: frozenset[tuple[str, str]]) -> list[Sample]:
+        """The samples of pods this cycle asked about, at most SAMPLES_PER_POD each: another
+        pod's series cost nothing, and one pod's flood of series crowds out no one else."""
+        counts: dict[tuple[str, str], int] = {}
+        kept = []
+        for s in samples:
+            key = (s.labels.get(self.namespace_label, ""), s.labels.get(self.pod_label, ""))
+            if key in wanted and counts.get(key, 0) < SAMPLES_PER_POD:
+                counts[key] = counts.get(key, 0) + 1
+                kept.append(s)
+        return kept
 
     async def _discover_targets(
         self,
@@ -557,6 +706,7 @@ class PrometheusSource:
         now: datetime | None,
     ) -> list[SnapshotTarget]:
         when = now or datetime.now(UTC)
+        _set_limits(transport, AnswerLimits.fixed(ANSWER_MAX_BYTES))  # pods unknown here
         names = await self._discover(transport, when)
         running = names.spellings("running")
         if not running:
@@ -593,6 +743,12 @@ class PrometheusSource:
         ]
 
 
+def _set_limits(transport: _Transport, limits: AnswerLimits) -> None:
+    """Give the transport the budget of the answers to come (test doubles have none)."""
+    if isinstance(transport, _AiohttpTransport | _ApiClientTransport):
+        transport.limits = limits
+
+
 class _SessionScope:
     """One aiohttp session per cycle: the operator's loop owns nothing between cycles, so no
     session outlives a loop (kopf restarts, tests with a loop per test)."""
@@ -603,7 +759,8 @@ class _SessionScope:
 
     async def __aenter__(self) -> _AiohttpTransport:
         src = self._source
-        self._session = aiohttp.ClientSession()
+        # Bodies are inflated by adapters.answers, within their budget, never by aiohttp.
+        self._session = aiohttp.ClientSession(auto_decompress=False)
         return _AiohttpTransport(
             self._session, src.url, src.timeout_s, src._headers, src._ssl_context()
         )

@@ -42,6 +42,14 @@ PERCENTILES = (0.5, 0.9, 0.95, 0.99)
 # Finished requests per second one vLLM pod cannot exceed (a generous bound: the fastest
 # engines finish thousands per second), beyond which a counter is corrupt.
 MAX_PLAUSIBLE_RATE_PER_POD = 1e5
+# The most requests one pod can hold running or queued (vLLM caps max_num_seqs at 65536 per
+# engine; a queue of millions is a corrupt or hostile series), and the longest latency bucket
+# that means anything (a day). Values beyond are dropped as corrupt, never published.
+MAX_PLAUSIBLE_REQUESTS_PER_POD = 1e6
+MAX_PLAUSIBLE_LATENCY_S = 86_400.0
+MAX_PLAUSIBLE_TOKENS = 1e8  # per request or per step: beyond any context length
+MAX_MODEL_NAMES_SHOWN = 5
+MAX_MODEL_NAME_SHOWN = 64
 
 SignalKind = Literal["histogram", "counter", "gauge_mean", "gauge_sum", "info", "ratio"]
 
@@ -434,20 +442,36 @@ def parse_vector(result: Any) -> list[Sample]:
     if not isinstance(result, list):
         return out
     for item in result:
-        if not isinstance(item, dict):
-            continue
-        metric = item.get("metric")
-        value = item.get("value")
-        if not isinstance(metric, dict) or not isinstance(value, list | tuple) or len(value) != 2:
-            continue
-        try:
-            v = float(value[1])
-        except (TypeError, ValueError):
-            continue
-        if not math.isfinite(v):
-            continue
-        out.append(Sample(metric, v))  # JSON label names and values are strings already
+        sample = parse_sample(item)
+        if sample is not None:
+            out.append(sample)
     return out
+
+
+def parse_sample(item: Any) -> Sample | None:
+    """One `{"metric": {...}, "value": [t, "v"]}`, or None when any part of it is malformed.
+
+    Each sample stands alone: Prometheus only ever sends string label values, so a sample with
+    any other (a number, a list, null: a broken proxy or a hostile server) is dropped by
+    itself, and never stops the answer from being read for every other deployment.
+    """
+    if not isinstance(item, dict):
+        return None
+    metric = item.get("metric")
+    value = item.get("value")
+    if not isinstance(metric, dict) or not isinstance(value, list | tuple) or len(value) != 2:
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items()):
+        return None
+    if not isinstance(value[1], str | int | float) or isinstance(value[1], bool):
+        return None
+    try:
+        v = float(value[1])
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not math.isfinite(v):
+        return None
+    return Sample(metric, v)
 
 
 @dataclass(frozen=True)
@@ -515,6 +539,8 @@ def _histogram(
                 bound = float(le)
             except ValueError:
                 continue
+            if bound < 0 or (math.isfinite(bound) and bound > MAX_PLAUSIBLE_LATENCY_S * 1e3):
+                continue  # no histogram of ours has such a bucket: a corrupt series
             buckets[bound] = buckets.get(bound, 0.0) + s.value
         if buckets:
             per_pod.append(buckets)
@@ -547,11 +573,13 @@ def _latency(
 
     def ms(q: float) -> float | None:
         v = histogram_quantile(q, buckets)
-        return None if v is None else v * 1000.0
+        plausible = v is not None and math.isfinite(v) and 0 <= v <= MAX_PLAUSIBLE_LATENCY_S
+        return v * 1000.0 if plausible and v is not None else None
 
     p50, p90, p95, p99 = (ms(q) for q in PERCENTILES)
     at_slo = ms(slo.percentile / 100.0) if slo is not None else None
-    mean = total / count * 1000.0 if total is not None else None
+    mean_s = total / count if total is not None else None
+    mean = mean_s * 1000.0 if mean_s is not None and mean_s <= MAX_PLAUSIBLE_LATENCY_S else None
     attainment = fraction_below(slo.threshold_ms / 1000.0, buckets) if slo is not None else None
     cumulative = tuple((b * 1000.0, c) for b, c in sorted(buckets))
     summary = LatencySummary(
@@ -570,8 +598,9 @@ def _lengths(buckets: Sequence[tuple[float, float]], total: float | None) -> Len
     count = _count(buckets)
     if count <= 0:
         return LengthSummary()
+    mean = total / count if total is not None else None
     return LengthSummary(
-        mean=total / count if total is not None else None,
+        mean=mean if mean is not None and mean <= MAX_PLAUSIBLE_TOKENS else None,
         p50=histogram_quantile(0.5, buckets),
         p90=histogram_quantile(0.9, buckets),
         buckets=tuple(sorted(buckets)),
@@ -682,11 +711,13 @@ def assemble(
             }
         )
         if others:  # the usual cause: --served-model-name differs from what the spec says
+            shown = [o[:MAX_MODEL_NAME_SHOWN] for o in others[:MAX_MODEL_NAMES_SHOWN]]
+            more = len(others) - len(shown)
             return Snapshot.unavailable(
                 now,
                 window_s,
                 f"no vllm metrics for model {target.model_name} on {where}: they export "
-                f"model_name {', '.join(others)}",
+                f"model_name {', '.join(shown)}" + (f" and {more} more" if more > 0 else ""),
             )
         return Snapshot.unavailable(
             now, window_s, f"no vllm metrics for {where} in the last {window_s}s"
@@ -706,13 +737,17 @@ def assemble(
     it_buckets, it_sum = _histogram(rows("iteration_tokens"))
     it_count = _count(it_buckets)
     iteration_mean = it_sum / it_count if it_sum is not None and it_count > 0 else None
+    if iteration_mean is not None and iteration_mean > MAX_PLAUSIBLE_TOKENS:
+        iteration_mean = None
 
     preempt_rows = rows("preemptions")
-    preempted = sum(s.value for ss in preempt_rows.values() for s in ss if s.value >= 0)
+    preempted = sum(
+        total for ss in preempt_rows.values() if 0 <= (total := sum(s.value for s in ss)) <= limit
+    )
 
     kv_mean, kv_max = _gauge(rows("kv_usage"), upper=1.0)
-    running_mean, running_max = _gauge(rows("running"))
-    waiting_mean, waiting_max = _gauge(rows("waiting"))
+    running_mean, running_max = _gauge(rows("running"), upper=MAX_PLAUSIBLE_REQUESTS_PER_POD)
+    waiting_mean, waiting_max = _gauge(rows("waiting"), upper=MAX_PLAUSIBLE_REQUESTS_PER_POD)
 
     prefix = rows("prefix_cache")
     hits = sum(v for v in _parts(prefix, "num").values() if v >= 0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,11 @@ class Rule:
         if self.reason is not None:
             out["reason"] = self.reason
         return out
+
+
+def cel_literal(text: str) -> str:
+    """``text`` as a single-quoted CEL string literal (backslashes and quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def cel(*rules: Rule) -> dict[str, Any]:
@@ -64,13 +69,16 @@ MODES: tuple[Mode, ...] = ("Off", "Recommend", "Auto")
 
 GMU_MAX = 0.99
 """vLLM accepts (0, 1]; above 0.99 nothing is left for activations, CUDA graphs or NCCL."""
+GMU_MIN = 0.01
+"""vLLM refuses 0, and ``--gpu-memory-utilization`` is rendered with three decimals: a smaller
+value would be written as 0.0. Below 1% of a GPU no model's weights fit anyway."""
 
 MNBT_MAX = 1_048_576
 MNS_MAX = 65_536
 
 MaxNumBatchedTokens = Annotated[int, Field(ge=1, le=MNBT_MAX)]
 MaxNumSeqs = Annotated[int, Field(ge=1, le=MNS_MAX)]
-GpuMemoryUtilization = Annotated[float, Field(gt=0, le=GMU_MAX)]
+GpuMemoryUtilization = Annotated[float, Field(ge=GMU_MIN, le=GMU_MAX)]
 
 
 class Knobs(StatusModel):
@@ -154,7 +162,38 @@ class SLOOverrides(SpecModel):
     target_attainment: TargetAttainment | None = Field(default=None, alias="targetAttainment")
 
 
-LabelValue = Annotated[str, Field(max_length=63)]
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A label or annotation key, a resource name, a topology key: ``[prefix/]name``."""
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+
+
+def prefix_fits(key: str) -> str:
+    """The prefix of a qualified name is a DNS subdomain of at most 253 characters."""
+    if "/" in key and len(key.split("/", 1)[0]) > 253:
+        raise ValueError("the prefix of a qualified name must be at most 253 characters")
+    return key
+
+
+QualifiedName = Annotated[
+    str,
+    Field(min_length=1, max_length=317, pattern=QUALIFIED_NAME_PATTERN),
+    AfterValidator(prefix_fits),
+]
+LabelKey = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=317,
+        pattern=QUALIFIED_NAME_PATTERN,
+        description="label key ([prefix/]name)",
+    ),
+    AfterValidator(prefix_fits),
+]
+"""A map key: the CRD checks it with a CEL rule on the map (OpenAPI has no key schema)."""
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 
 SELECTOR_VALUES_PRESENT = Rule(
     rule=(
@@ -171,7 +210,7 @@ class LabelSelectorRequirement(SpecModel):
 
     model_config = ConfigDict(json_schema_extra=cel(SELECTOR_VALUES_PRESENT))
 
-    key: str = Field(min_length=1, max_length=317)
+    key: QualifiedName
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: list[LabelValue] = Field(default_factory=list, max_length=64)
 
@@ -186,7 +225,7 @@ class LabelSelectorRequirement(SpecModel):
 class LabelSelector(SpecModel):
     """metav1.LabelSelector; an empty selector matches everything."""
 
-    match_labels: dict[str, LabelValue] = Field(
+    match_labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, alias="matchLabels", max_length=64
     )
     match_expressions: list[LabelSelectorRequirement] = Field(

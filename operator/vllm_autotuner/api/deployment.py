@@ -16,12 +16,25 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from vllm_autotuner.api.common import (
     MODES,
     KnobsSpec,
+    LabelKey,
+    LabelValue,
     Mode,
+    QualifiedName,
     Rule,
     SLOOverrides,
     SpecModel,
     cel,
+    cel_literal,
     section,
+)
+from vllm_autotuner.api.k8s import (
+    Affinity,
+    EnvFromSource,
+    EnvVar,
+    ResourceRequirements,
+    Toleration,
+    Volume,
+    VolumeMount,
 )
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
@@ -33,7 +46,9 @@ backslashes or braces, because the value becomes a CLI argument and a PromQL lab
 SERVED_MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:/-]*[A-Za-z0-9])?$"
 K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 NO_WHITESPACE_PATTERN = r"^[^\s]+$"
-EXTRA_ARG_PATTERN = r"^[^\x00\r\n]*$"
+EXTRA_ARG_PATTERN = r"^[ -~]*$"
+"""Printable ASCII: no NUL, CR or LF (a second argument in disguise), no escape sequences,
+bidirectional overrides or line separators that make a log or `kubectl get` lie."""
 PERCENT_OR_INT_PATTERN = r"^(100|[1-9]?[0-9])%$"
 
 OWNED_FLAGS: tuple[str, ...] = (
@@ -102,20 +117,78 @@ def _any_prefix(names: tuple[str, ...]) -> str:
     return branches(trie)
 
 
-def _owned_flag_pattern() -> str:
-    """Long options: ``--`` then a name that abbreviates an owned flag or --config, ended by
+def flag_pattern(long_names: tuple[str, ...], short_flags: tuple[str, ...] = ()) -> str:
+    """Long options: ``--`` then a name that abbreviates one of ``long_names``, ended by
     the end of the argument, ``=`` (its value) or ``.`` (vLLM's dotted form --flag.key=value,
     which passes the key before the dot as the flag). Short options: anything that starts like
     one (``-tp``, ``-tp=8``, ``-tp8``, and ``-t``, which argparse resolves to -tp)."""
-    long_names = _any_prefix((*OWNED_FLAGS, CONFIG_FLAG))
-    short_initials = "|".join(sorted({f[0] for f in SHORT_OWNED_FLAGS}))
-    return f"^(?:--(?:{long_names})(?:[=.]|$)|-(?:{short_initials}))"
+    pattern = f"^(?:--(?:{_any_prefix(long_names)})(?:[=.]|$)"
+    if short_flags:
+        pattern += f"|-(?:{'|'.join(sorted({f[0] for f in short_flags}))})"
+    return pattern + ")"
 
 
-OWNED_FLAG_PATTERN = _owned_flag_pattern()
-# RE2's `$` is the end of the text; Python's also matches before a final newline, so Python
-# reads it as \Z and both engines give the same answer for every string.
-_OWNED_FLAG = re.compile(OWNED_FLAG_PATTERN.replace("$", r"\Z"))
+def _python(pattern: str) -> re.Pattern[str]:
+    # RE2's `$` is the end of the text; Python's also matches before a final newline, so Python
+    # reads it as \Z and both engines give the same answer for every string.
+    return re.compile(pattern.replace("$", r"\Z"))
+
+
+OWNED_FLAG_PATTERN = flag_pattern((*OWNED_FLAGS, CONFIG_FLAG), SHORT_OWNED_FLAGS)
+_OWNED_FLAG = _python(OWNED_FLAG_PATTERN)
+
+CHANGES_MEANING_FLAGS: tuple[str, ...] = (
+    # chunked prefill off: every prompt must then fit in one step, so vLLM refuses a token
+    # budget below max-model-len, and the tuner's budget would no longer bound a step
+    "no-enable-chunked-prefill",
+    # concurrent partial prefills: split the budget between prompts by a second threshold
+    "long-prefill-token-threshold",
+    "max-num-partial-prefills",
+    "max-long-partial-prefills",
+    # data and pipeline parallelism: more GPUs than spec.gpu.count asks for, and one engine
+    # per rank with its own copy of every tuned knob
+    "data-parallel-size",
+    "data-parallel-size-local",
+    "data-parallel-rank",
+    "data-parallel-start-rank",
+    "data-parallel-address",
+    "data-parallel-rpc-port",
+    "data-parallel-backend",
+    "data-parallel-hybrid-lb",
+    "data-parallel-external-lb",
+    "pipeline-parallel-size",
+    # rewrites the model's config (heads, context, layers): the KV cache per token changes
+    "hf-overrides",
+    # another scheduler, or several steps per schedule: the budget means something else
+    "scheduler-cls",
+    "num-scheduler-steps",
+)
+"""Flags that change what the tuned knobs mean, or make vLLM refuse values the tuner may
+choose (docs/security.md, T9). Refused in extraArgs like the owned ones, prefixes included."""
+SHORT_CHANGES_MEANING_FLAGS: tuple[str, ...] = ("dp", "dpl", "dpn", "dpa", "dpp", "dpr", "pp")
+"""vLLM's short forms of the data- and pipeline-parallel flags (-dp, -pp ...)."""
+
+
+FALSE_WORDS = "false|0|no|off|f|n"
+KEEPS_MEANING_PATTERN = (
+    flag_pattern(CHANGES_MEANING_FLAGS, SHORT_CHANGES_MEANING_FLAGS)
+    + f"|^--(?:{_any_prefix(('enable-chunked-prefill',))})=(?i:{FALSE_WORDS})$"
+)
+_CHANGES_MEANING = _python(KEEPS_MEANING_PATTERN)
+_FALSE = re.compile(f"(?i:{FALSE_WORDS})")
+_CHUNKED_PREFILL = _python(flag_pattern(("enable-chunked-prefill",)))
+
+
+def changes_knob_meaning(arg: str, following: str | None = None) -> bool:
+    """Whether ``arg`` (followed by the list entry ``following``) turns on a vLLM feature that
+    changes what the tuned knobs mean; see CHANGES_MEANING_FLAGS."""
+    if _CHANGES_MEANING.search(arg):
+        return True
+    # vLLM before 0.10 read ``--enable-chunked-prefill false`` (a value in the next entry).
+    split_false = following is not None and _FALSE.fullmatch(following) is not None
+    return split_false and "=" not in arg and _CHUNKED_PREFILL.search(arg) is not None
+
+
 _PERCENT = re.compile(PERCENT_OR_INT_PATTERN)
 
 
@@ -136,6 +209,70 @@ EXTRA_ARG_NOT_OWNED = Rule(
         " block size, prefix caching, max-model-len and the tuned knobs), nor any prefix of one"
         " (vLLM accepts abbreviations), nor --config (a config file could set them);"
         " use the spec fields"
+    ),
+)
+CHILD_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+CHILD_NAME = Rule(
+    rule=(
+        f"!has(self.metadata.name) || self.metadata.name.matches({cel_literal(CHILD_NAME_PATTERN)})"
+    ),
+    message=(
+        "metadata.name names the Service and the Deployment: it must be a DNS-1035 label"
+        " (lower-case letters, digits and '-', starting with a letter, at most 63 characters)"
+    ),
+    # No fieldPath: kube-apiserver accepts one only if it names a field of the CRD's schema,
+    # and a CRD's schema leaves metadata undeclared.
+)
+_CHILD_NAME = re.compile(CHILD_NAME_PATTERN)
+
+
+def child_name_problem(name: str) -> str | None:
+    """Why the API server would refuse children named ``name`` (None when it would not)."""
+    return None if _CHILD_NAME.fullmatch(name) else f"{CHILD_NAME.message}; got {name[:80]!r}"
+
+
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
+VOLUMES_NOT_RESERVED = Rule(
+    rule=f"!has(self.volumes) || self.volumes.all(v, v.name != '{SHM_VOLUME}')",
+    message=f"the volume name {SHM_VOLUME} is the operator's own (/dev/shm)",
+    field_path=".volumes",
+)
+MOUNTS_NOT_RESERVED = Rule(
+    rule=(
+        f"!has(self.volumeMounts) || self.volumeMounts.all(m, m.name != '{SHM_VOLUME}'"
+        f" && !m.mountPath.matches('^{SHM_PATH}/*$'))"
+    ),
+    message="/dev/shm and the volume dshm are the operator's own; use pod.shmSizeGi",
+    field_path=".volumeMounts",
+)
+VOLUME_NAMES_UNIQUE = Rule(
+    rule="!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+    message="volume names must be unique",
+    field_path=".volumes",
+)
+MOUNTS_NAME_VOLUMES = Rule(
+    rule=(
+        "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes)"
+        " && self.volumes.exists(v, v.name == m.name))"
+    ),
+    message="every volumeMount must name one of pod.volumes",
+    field_path=".volumeMounts",
+)
+MOUNT_PATHS_UNIQUE = Rule(
+    rule=(
+        "!has(self.volumeMounts) || self.volumeMounts.all(m,"
+        " self.volumeMounts.exists_one(n, n.mountPath == m.mountPath))"
+    ),
+    message="volumeMount paths must be unique",
+    field_path=".volumeMounts",
+)
+EXTRA_ARG_KEEPS_MEANING = Rule(
+    rule=f"!self.matches({cel_literal(KEEPS_MEANING_PATTERN)})",
+    message=(
+        "extraArgs must not set flags that change what the tuned knobs mean (chunked prefill"
+        " off, partial prefills, data or pipeline parallelism, --hf-overrides, another"
+        " scheduler: docs/security.md, T9), nor any prefix of one"
     ),
 )
 TP_LE_GPU_COUNT = Rule(
@@ -182,13 +319,7 @@ class GPUSpec(SpecModel):
     """What the pod asks for, and which GPU it lands on (vLLM's defaults depend on it)."""
 
     count: int = Field(default=1, ge=1, le=16, description="GPUs per replica.")
-    resource_name: str = Field(
-        default="nvidia.com/gpu",
-        alias="resourceName",
-        min_length=1,
-        max_length=253,
-        pattern=NO_WHITESPACE_PATTERN,
-    )
+    resource_name: QualifiedName = Field(default="nvidia.com/gpu", alias="resourceName")
     product: str | None = Field(
         default=None,
         max_length=64,
@@ -204,17 +335,14 @@ class GPUSpec(SpecModel):
     )
 
 
-FreeObject = dict[str, Any]
-
-
 class Placement(SpecModel):
-    """Scheduling constraints, passed to the pod template unchanged."""
+    """Scheduling constraints, passed to the pod template as Kubernetes spells them."""
 
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, alias="nodeSelector", max_length=64
     )
-    tolerations: list[FreeObject] = Field(default_factory=list, max_length=64)
-    affinity: FreeObject = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    affinity: Affinity | None = None
     priority_class_name: str | None = Field(
         default=None, alias="priorityClassName", max_length=253, pattern=K8S_NAME_PATTERN
     )
@@ -222,7 +350,11 @@ class Placement(SpecModel):
 
 ExtraArg = Annotated[
     str,
-    Field(max_length=256, pattern=EXTRA_ARG_PATTERN, json_schema_extra=cel(EXTRA_ARG_NOT_OWNED)),
+    Field(
+        max_length=256,
+        pattern=EXTRA_ARG_PATTERN,
+        json_schema_extra=cel(EXTRA_ARG_NOT_OWNED, EXTRA_ARG_KEEPS_MEANING),
+    ),
 ]
 
 
@@ -247,9 +379,11 @@ class EngineSpec(SpecModel):
     @field_validator("extra_args")
     @classmethod
     def _not_owned(cls, args: list[str]) -> list[str]:
-        for arg in args:
+        for i, arg in enumerate(args):
             if sets_owned_flag(arg):
                 raise ValueError(f"{EXTRA_ARG_NOT_OWNED.message} (got {arg!r})")
+            if changes_knob_meaning(arg, args[i + 1] if i + 1 < len(args) else None):
+                raise ValueError(f"{EXTRA_ARG_KEEPS_MEANING.message} (got {arg!r})")
         return args
 
 
@@ -269,22 +403,30 @@ class TuningSpec(SpecModel):
 
 
 class PodSettings(SpecModel):
-    """Pod-level additions; Kubernetes sub-objects stay free-form to keep the CRD small."""
+    """Pod-level additions, typed as core/v1 types so that depth and size are bounded."""
 
-    env: list[FreeObject] = Field(default_factory=list, max_length=256)
-    env_from: list[FreeObject] = Field(default_factory=list, alias="envFrom", max_length=64)
-    volumes: list[FreeObject] = Field(default_factory=list, max_length=64)
-    volume_mounts: list[FreeObject] = Field(
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            VOLUMES_NOT_RESERVED,
+            MOUNTS_NOT_RESERVED,
+            VOLUME_NAMES_UNIQUE,
+            MOUNTS_NAME_VOLUMES,
+            MOUNT_PATHS_UNIQUE,
+        )
+    )
+
+    env: list[EnvVar] = Field(default_factory=list, max_length=256)
+    env_from: list[EnvFromSource] = Field(default_factory=list, alias="envFrom", max_length=64)
+    volumes: list[Volume] = Field(default_factory=list, max_length=64)
+    volume_mounts: list[VolumeMount] = Field(
         default_factory=list, alias="volumeMounts", max_length=64
     )
-    annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict, max_length=64
+    annotations: dict[LabelKey, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=48
     )
-    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
-        default_factory=dict, max_length=64
-    )
-    resources: FreeObject = Field(
-        default_factory=dict, description="Extra cpu/memory requests and limits."
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64)
+    resources: ResourceRequirements = section(
+        ResourceRequirements, "Extra cpu/memory requests and limits."
     )
     service_account_name: str | None = Field(
         default=None, alias="serviceAccountName", max_length=253, pattern=K8S_NAME_PATTERN
@@ -292,6 +434,30 @@ class PodSettings(SpecModel):
     shm_size_gi: float | None = Field(
         default=None, alias="shmSizeGi", gt=0, le=1024, description="Size of /dev/shm in GiB."
     )
+    automount_service_account_token: bool | None = Field(
+        default=None,
+        alias="automountServiceAccountToken",
+        description="Mount the ServiceAccount's API token into the vLLM pods (off unless true).",
+    )
+
+    @model_validator(mode="after")
+    def _volumes_fit_the_pod(self) -> PodSettings:
+        """The API server refuses a pod whose volumes collide; refuse it here, with why."""
+        names = [v.name for v in self.volumes]
+        if SHM_VOLUME in names:
+            raise ValueError(VOLUMES_NOT_RESERVED.message)
+        if len(set(names)) != len(names):
+            raise ValueError(VOLUME_NAMES_UNIQUE.message)
+        paths = [m.mount_path for m in self.volume_mounts]
+        if any(
+            m.name == SHM_VOLUME or m.mount_path.rstrip("/") == SHM_PATH for m in self.volume_mounts
+        ):
+            raise ValueError(MOUNTS_NOT_RESERVED.message)
+        if any(m.name not in names for m in self.volume_mounts):
+            raise ValueError(MOUNTS_NAME_VOLUMES.message)
+        if len(set(paths)) != len(paths):
+            raise ValueError(MOUNT_PATHS_UNIQUE.message)
+        return self
 
 
 class ServiceSpec(SpecModel):

@@ -13,6 +13,7 @@ from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_v
 
 from vllm_autotuner.api.common import (
     GMU_MAX,
+    GMU_MIN,
     MNBT_MAX,
     MNS_MAX,
     MODES,
@@ -37,6 +38,17 @@ WINDOW_START_NE_END = Rule(
 DURATION_POSITIVE = Rule(
     rule="duration(self) > duration('0s')",
     message="duration must be greater than zero",
+)
+BUDGET_COVERS_SEQS = Rule(
+    rule=(
+        "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs)"
+        " || !has(self.maxNumBatchedTokens.max) || !has(self.maxNumSeqs.min)"
+        " || self.maxNumBatchedTokens.max >= self.maxNumSeqs.min"
+    ),
+    message=(
+        "bounds.maxNumBatchedTokens.max must be >= bounds.maxNumSeqs.min: vLLM refuses to start"
+        " with fewer batched tokens than sequences, so no configuration would be allowed"
+    ),
 )
 VERIFY_COVERS_WINDOW = Rule(
     rule=(
@@ -96,8 +108,8 @@ class GpuMemoryUtilizationBounds(SpecModel):
 
     model_config = ConfigDict(json_schema_extra=cel(MIN_LE_MAX))
 
-    min: float = Field(default=DEFAULT_GMU[0], gt=0, le=GMU_MAX)
-    max: float = Field(default=DEFAULT_GMU[1], gt=0, le=GMU_MAX)
+    min: float = Field(default=DEFAULT_GMU[0], ge=GMU_MIN, le=GMU_MAX)
+    max: float = Field(default=DEFAULT_GMU[1], ge=GMU_MIN, le=GMU_MAX)
     max_step: float = Field(default=DEFAULT_GMU[2], gt=0, le=GMU_MAX, alias="maxStep")
 
     @model_validator(mode="after")
@@ -109,6 +121,8 @@ class GpuMemoryUtilizationBounds(SpecModel):
 class KnobBounds(SpecModel):
     """Where the tuner may search."""
 
+    model_config = ConfigDict(json_schema_extra=cel(BUDGET_COVERS_SEQS))
+
     max_num_batched_tokens: MaxNumBatchedTokensBounds = section(
         MaxNumBatchedTokensBounds, alias="maxNumBatchedTokens"
     )
@@ -116,6 +130,12 @@ class KnobBounds(SpecModel):
     gpu_memory_utilization: GpuMemoryUtilizationBounds = section(
         GpuMemoryUtilizationBounds, alias="gpuMemoryUtilization"
     )
+
+    @model_validator(mode="after")
+    def _budget_covers_seqs(self) -> KnobBounds:
+        if self.max_num_batched_tokens.max < self.max_num_seqs.min:
+            raise ValueError(BUDGET_COVERS_SEQS.message)
+        return self
 
 
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]

@@ -77,18 +77,20 @@ def miss_share(snapshot: Snapshot, slo: SLO) -> float:
     return worst
 
 
-def worse_p_value(a: Misses, b: Misses) -> float:
-    """P-value that `a` misses more often than `b` (a's best case against b's worst case)."""
+def _two_proportion_p(p_a: float, n_a: int, p_b: float, n_b: int) -> float:
+    """One-sided p-value that share `p_a` (of `n_a`) exceeds share `p_b` (of `n_b`)."""
     from scipy.stats import norm
 
-    if a.n <= 0 or b.n <= 0:
+    if n_a <= 0 or n_b <= 0 or p_a <= p_b:
         return 1.0
-    pa, pb = a.low, b.high
-    if pa <= pb:
-        return 1.0
-    pooled = (pa * a.n + pb * b.n) / (a.n + b.n)
-    se = math.sqrt(max(pooled * (1.0 - pooled) * (1.0 / a.n + 1.0 / b.n), 1e-12))
-    return float(norm.sf((pa - pb) / se))
+    pooled = (p_a * n_a + p_b * n_b) / (n_a + n_b)
+    se = math.sqrt(max(pooled * (1.0 - pooled) * (1.0 / n_a + 1.0 / n_b), 1e-12))
+    return float(norm.sf((p_a - p_b) / se))
+
+
+def worse_p_value(a: Misses, b: Misses) -> float:
+    """P-value that `a` misses more often than `b` (a's best case against b's worst case)."""
+    return _two_proportion_p(a.low, a.n, b.high, b.n)
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,18 @@ def judge_canary(
                 f"{b.high:.1%} (p={p_worse:.3f}; {load})",
             )
         p_better = worse_p_value(b, c)
-        if b.misses_slo(target) and p_better < (SIGNIFICANCE if final else EARLY_SIGNIFICANCE):
+        # Measured at the same bucket bound (the one at or under the threshold), the two
+        # shares are directly comparable even when the bound's bucket is too wide to confirm
+        # the violation by itself: then the baseline's percentile over the threshold, as
+        # Prometheus shows it, says which side of the bound matters.
+        value = baseline.latency(metric).at(target.percentile)
+        shown = value is not None and value > target.threshold_ms
+        same_bound = _two_proportion_p(b.high, b.n, c.high, c.n)
+        if shown and not b.misses_slo(target) and c.high < b.high:
+            p_better = min(p_better, same_bound)
+        if (b.misses_slo(target) or shown) and p_better < (
+            SIGNIFICANCE if final else EARLY_SIGNIFICANCE
+        ):
             fixed.append(f"{label} misses {c.high:.1%} vs {b.low:.1%} (p={p_better:.3f})")
     if fixed:
         return Judgement(

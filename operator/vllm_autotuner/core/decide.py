@@ -769,6 +769,15 @@ def _steady(
         return _done(s, now, "hold", waits, None, (), diag, pred, memo, seen)
     strategy: Strategy = "Canary" if ctx.replicas >= 2 and ctx.rollout.canary else "Rolling"
     rate_ref = max(rate, s.peak_rate or 0.0)
+    if not diag.violates_slo and current.capacity_rps >= rate_ref > pred.capacity_rps:
+        # Healthy now, and the current knobs carry the busiest window seen lately: a change
+        # judged at today's load must not give that up (a trough hides the cliff).
+        text = (
+            f"{summary}; not rolled out: it would carry {pred.capacity_rps:.2f} req/s/pod, "
+            f"below the {rate_ref:.2f} req/s/pod seen lately that the current knobs carry"
+        )
+        held = replace(s, phase="Observing", headroom_wait_since=None)
+        return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
     room = headroom(ctx, current.capacity_rps, rate)
     worth = worth_restart(
         ctx,
@@ -929,7 +938,7 @@ def _conclude(
 
     res = run_search(None if trusted else diag)
     conclusion = res.reason
-    if diag.violates_slo and not res.worth_rollout:
+    if diag.violates_slo and not res.worth_rollout and not trusted:
         # The diagnosis is a heuristic; when its directions cannot fix a violation, the
         # calibrated model may still know a way (e.g. a larger budget that packs prefill into
         # fewer steps). Safety rules are the same either way.
@@ -937,7 +946,9 @@ def _conclude(
         if free.worth_rollout:
             res = free
             conclusion = f"the suggested direction does not help, but {free.reason}"
-    if diag.violates_slo and not res.worth_rollout:
+    if diag.violates_slo and not res.worth_rollout and not trusted:
+        # Explore only where the model is uncertain: a trusted model that sees no fix is
+        # believed (the trial would cost a restart to confirm it).
         probe = _exploration(applied, policy, diag, state)
         if probe is not None:
             # The model sees no fix, but the SLO is violated now and the diagnosis says which

@@ -128,28 +128,52 @@ def namespace_selected(selector: Any, namespace_labels: Mapping[str, str]) -> bo
     return all(_match_expression(namespace_labels, e) for e in selector.match_expressions or [])
 
 
+def is_catch_all(selector: Any) -> bool:
+    """A selector with no terms selects every namespace: the platform's default policy."""
+    return selector is None or not (selector.match_labels or selector.match_expressions)
+
+
+def governing_policies(
+    selectors: Mapping[str, Any], namespace_labels: Mapping[str, str]
+) -> tuple[str, ...]:
+    """The policies a namespace must choose from (who chooses the policy: docs/decisions.md).
+
+    A policy whose namespaceSelector names the namespace (a non-empty selector that matches)
+    was put there by the platform team for it, and binds it: a catch-all policy is then not
+    a choice. Only a namespace that no targeted policy selects may use catch-all policies.
+    `selectors` maps each policy's name to its parsed namespaceSelector.
+    """
+    targeted = sorted(
+        name
+        for name, selector in selectors.items()
+        if not is_catch_all(selector) and namespace_selected(selector, namespace_labels)
+    )
+    if targeted:
+        return tuple(targeted)
+    return tuple(sorted(name for name, sel in selectors.items() if is_catch_all(sel)))
+
+
 def resolve(
     spec: VLLMDeploymentSpec,
     policy_name: str,
     policy: VLLMTuningPolicySpec | None,
     namespace: str,
     namespace_labels: Mapping[str, str],
+    governing: Sequence[str] | None = None,
 ) -> Resolution:
+    """The policy in force for one deployment, in every mode (Off included): the platform
+    team's bounds and namespace selection bind whatever the tenant asks for.
+
+    `governing` is what `governing_policies` says this namespace may choose from; None skips
+    that check (callers that see only one policy).
+    """
     requested: Mode = spec.tuning.mode
     if policy is None:
-        if requested == "Off":
-            return Resolution(
-                ok=True,
-                reason="TuningOff",
-                message=f"mode Off: runs with the given knobs; policy {policy_name!r} not needed",
-                mode="Off",
-                policy_name=None,
-            )
         return Resolution(
             ok=False,
             reason="PolicyNotFound",
-            message=f"VLLMTuningPolicy {policy_name!r} does not exist; create it or set "
-            "spec.tuning.policyRef (mode Off needs no policy)",
+            message=f"VLLMTuningPolicy {policy_name!r} does not exist; nothing is deployed "
+            "without a policy, in any mode (create it or set spec.tuning.policyRef)",
         )
     try:
         if not namespace_selected(policy.namespace_selector, namespace_labels):
@@ -157,6 +181,13 @@ def resolve(
                 "NamespaceNotSelected",
                 f"VLLMTuningPolicy {policy_name!r} does not select namespace {namespace!r} "
                 "(its namespaceSelector does not match the namespace's labels)",
+            )
+        if governing is not None and policy_name not in governing:
+            allowed = ", ".join(governing) or "none"
+            raise PolicyProblem(
+                "PolicyNotAllowed",
+                f"namespace {namespace!r} is governed by VLLMTuningPolicy {allowed}; "
+                f"spec.tuning.policyRef {policy_name!r} is not one of them",
             )
         override = spec.tuning.slo
         targets = {}

@@ -80,6 +80,19 @@ def format_utilization(value: float) -> str:
     return text + "0" if text.endswith(".") else text
 
 
+def gib_quantity(gib: float) -> str:
+    """A size in GiB as a Kubernetes quantity, in the largest binary unit that is exact.
+
+    ``f"{x:g}Gi"`` writes 1e-05 GiB as ``1e-05Gi``, which no quantity grammar accepts: the API
+    server refused the whole Deployment. Whole bytes in the largest exact unit always parse.
+    """
+    size = max(1, round(gib * 2**30))
+    for unit, factor in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
 def child_labels(owner_name: str) -> dict[str, str]:
     return {
         DEPLOYMENT_LABEL: owner_name,
@@ -159,10 +172,9 @@ def _probe(path: str, period: int, failure_threshold: int, timeout: int = 5) -> 
 def _container(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
     pod = spec.pod
     gpu_limits = {spec.gpu.resource_name: str(spec.gpu.count)}
-    user_resources: dict[str, Any] = dict(pod.resources or {})
-    requests = {**dict(user_resources.get("requests") or {}), **gpu_limits}
-    limits = {**dict(user_resources.get("limits") or {}), **gpu_limits}
-    mounts: list[dict[str, Any]] = [dict(m) for m in pod.volume_mounts]
+    requests = {**pod.resources.requests, **gpu_limits}
+    limits = {**pod.resources.limits, **gpu_limits}
+    mounts: list[dict[str, Any]] = [m.to_k8s() for m in pod.volume_mounts]
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -187,9 +199,9 @@ def _container(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
             "preStop": {"exec": {"command": ["sleep", str(spec.rollout.pre_stop_seconds)]}}
         }
     if pod.env:
-        container["env"] = [dict(e) for e in pod.env]
+        container["env"] = [e.to_k8s() for e in pod.env]
     if pod.env_from:
-        container["envFrom"] = [dict(e) for e in pod.env_from]
+        container["envFrom"] = [e.to_k8s() for e in pod.env_from]
     return container
 
 
@@ -197,20 +209,23 @@ def _pod_spec(spec: VLLMDeploymentSpec, knobs: Knobs) -> dict[str, Any]:
     placement = spec.placement
     shm: dict[str, Any] = {"medium": "Memory"}
     if spec.pod.shm_size_gi is not None:
-        shm["sizeLimit"] = f"{spec.pod.shm_size_gi:g}Gi"
+        shm["sizeLimit"] = gib_quantity(spec.pod.shm_size_gi)
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec, knobs)],
-        "volumes": [*[dict(v) for v in spec.pod.volumes], {"name": "dshm", "emptyDir": shm}],
+        "volumes": [*[v.to_k8s() for v in spec.pod.volumes], {"name": "dshm", "emptyDir": shm}],
         # The grace period covers the pre-stop delay, the drain and the exit, so the kubelet
         # never kills a pod that is still finishing requests.
         "terminationGracePeriodSeconds": termination_grace_s(spec),
+        # vLLM never calls the Kubernetes API: a token in the pod is only something to steal
+        # (a prompt-injected tool, a compromised image). Mounted only when the spec asks.
+        "automountServiceAccountToken": spec.pod.automount_service_account_token is True,
     }
     if placement.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(placement.node_selector.items()))
     if placement.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in placement.tolerations]
-    if placement.affinity:
-        pod_spec["affinity"] = dict(placement.affinity)
+        pod_spec["tolerations"] = [t.to_k8s() for t in placement.tolerations]
+    if placement.affinity is not None and placement.affinity.to_k8s():
+        pod_spec["affinity"] = placement.affinity.to_k8s()
     if placement.priority_class_name:
         pod_spec["priorityClassName"] = placement.priority_class_name
     if spec.pod.service_account_name:

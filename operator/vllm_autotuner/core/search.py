@@ -243,6 +243,9 @@ def search(
         )
     key = (best.max_num_batched_tokens, best.max_num_seqs, best.gpu_memory_utilization)
     best_score, best_pred = cache[key]
+    if best_pred is not None and not best_pred.feasible:
+        # Ranked without its capacity (it misses the SLO now); the proposal states it.
+        best_pred = stage_model.predict(best, workload, stage_cal)
     current = model.predict(applied, workload, calibration)
     if screened:
         # The slow model judges only the screen's best few (and the current knobs).

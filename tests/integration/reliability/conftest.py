@@ -8,20 +8,6 @@ kubelet, talk to the API server directly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from tests.support.faults import proxy
 
-import pytest
-
-from tests.support.cluster_api import ApiServer
-from vllm_localcluster.faults import FaultProxy
-
-
-@pytest.fixture
-def proxy(apiserver: ApiServer) -> Iterator[FaultProxy]:
-    """A proxy to the session's API server; clients without credentials act as the operator."""
-    token = apiserver.operator_credentials().token
-    proxy = FaultProxy(apiserver.url, str(apiserver.ca_file), token=token).start_in_thread()
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
+__all__ = ["proxy"]

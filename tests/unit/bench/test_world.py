@@ -276,14 +276,18 @@ def test_bad_replicas_and_load_time_are_refused() -> None:
         scenario(load_time_s=-1)
 
 
-def test_public_scenarios_keep_the_default_rollout() -> None:
+def test_public_scenarios_say_what_the_cluster_allows_a_rollout() -> None:
+    """Six scenarios keep one spare GPU for rollouts (surge 1); the no-surge variant of chat
+    shows what the tuner does on full GPU nodes. Everything else stays at the defaults."""
     from pathlib import Path
 
     from bench.tuning.scenario import load
 
     root = Path(__file__).resolve().parents[3] / "bench" / "scenarios"
     files = sorted(root.glob("*.yaml"))
-    assert len(files) == 6
+    assert len(files) == 7
     for f in files:
         s = load(f)
-        assert s.rollout == RolloutSettings(load_time_s=s.load_time_s), f.name
+        surge = 0 if f.stem.endswith("no-surge") else 1
+        want = RolloutSettings(max_surge=surge, load_time_s=s.load_time_s)
+        assert s.rollout == want, f.name

@@ -29,6 +29,9 @@ class ApiServerKube:
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return manifest
 
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return None  # no object of that name exists yet
+
     async def merge_patch(
         self, path: str, body: dict[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:

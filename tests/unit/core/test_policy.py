@@ -62,11 +62,12 @@ def test_looser_override_is_refused_with_a_reason(override: dict[str, Any]) -> N
     assert "looser than the policy" in r.message
 
 
-def test_missing_policy_blocks_tuning_modes_but_not_off() -> None:
+def test_missing_policy_blocks_every_mode_off_included() -> None:
+    """The platform's bounds bind in every mode (docs/decisions.md, who chooses the policy)."""
     r = resolve(dep(mode="Auto", policyRef="gone"), "gone", None, "ns", {})
     assert not r.ok and r.reason == "PolicyNotFound" and "'gone'" in r.message
     off = resolve(dep(mode="Off", policyRef="gone"), "gone", None, "ns", {})
-    assert off.ok and off.mode == "Off"
+    assert not off.ok and off.reason == "PolicyNotFound"
 
 
 def test_mode_is_capped_by_allowed_modes() -> None:

@@ -69,7 +69,6 @@ NEAR_MISS_ARGS = (
     "--trust-remote-code",
     "--disable-log-requests",
     "--enable-chunked-prefill",
-    "--no-enable-chunked-prefill",
     "--speculative-config",
     '{"method": "ngram", "num_speculative_tokens": 3}',
     "--compilation-config.level=3",
@@ -83,7 +82,6 @@ NEAR_MISS_ARGS = (
     "--max-model-lens",
     "--seed=1",
     "-O3",
-    "-pp=2",
 )
 """Accepted: none of these is a prefix of an owned flag or of "config" (they are longer, or
 leave the owned name early), so argparse can never read one as an owned flag."""

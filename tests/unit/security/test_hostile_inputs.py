@@ -64,6 +64,9 @@ class RecordingKube:
         self.applied.append(copy.deepcopy(manifest))
         return manifest
 
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return None  # no object of that name exists yet
+
     async def merge_patch(
         self, path: str, body: dict[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:

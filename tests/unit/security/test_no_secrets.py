@@ -67,7 +67,7 @@ class Rig:
     @property
     def kube_token(self) -> str:
         """The operator's real token: the API server refuses any other."""
-        return str(self.apiserver.operator_credentials().token)
+        return self.apiserver.operator_token
 
     def metrics_condition(self) -> dict[str, Any] | None:
         status = self.session.get(self.apiserver.url + CR_PATH, timeout=10).json().get("status")

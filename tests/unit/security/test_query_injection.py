@@ -30,7 +30,7 @@ from vllm_autotuner.core.snapshot import Snapshot
 from vllm_autotuner.observer import Observer
 
 NAMESPACE = "t" * 62 + "9"  # the longest DNS label
-NAME = "llama.v1-0"  # a DNS subdomain: dots are regex metacharacters
+NAME = "llama-v1-0"  # a DNS-1035 label (a dotted name would make an invalid Service name)
 SERVED = "org.team:chat/v1-0"
 MODEL = "s3://bucket/k%2Fv@r+1=2,x~y:z"
 SERIES = [
@@ -82,15 +82,27 @@ def _body() -> dict[str, Any]:
     }
 
 
+RS = {
+    "metadata": {
+        "uid": "rs-1",
+        "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "Deployment", "uid": "d-1", "controller": True}
+        ],
+    }
+}
+
+
 def _pod(deployment: dict[str, Any], name: str) -> dict[str, Any]:
     template = deployment["spec"]["template"]
     ready = (datetime.now(tz=UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "uid": "rs-1", "controller": True}
     return {
         "metadata": {
             "name": name,
             "namespace": NAMESPACE,
             "labels": dict(template["metadata"]["labels"]),
             "annotations": dict(template["metadata"]["annotations"]),
+            "ownerReferences": [owner],
         },
         "status": {
             "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ready}],
@@ -114,11 +126,13 @@ def target_from_operator(pods: list[str]) -> SnapshotTarget:
             namespace_labels={},
             children={"Deployment": None, "Service": None},
         )
-        deployment = next(m for m in kube.applied if m["kind"] == "Deployment")
+        applied = next(m for m in kube.applied if m["kind"] == "Deployment")
+        deployment = {**applied, "metadata": {**applied["metadata"], "uid": "d-1"}}
         await controller.reconcile(
             body,
             children={"Deployment": deployment, "Service": None},
             pods=[_pod(deployment, p) for p in pods],
+            replicasets=[RS],
             policies=policies,
             namespace_labels={},
         )
