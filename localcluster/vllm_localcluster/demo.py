@@ -422,9 +422,12 @@ class Demo:
         return list((found or {}).get("items") or [])
 
     def _report(self, converged: bool) -> None:
-        from vllm_localcluster.demo_report import write_report
+        from vllm_localcluster.demo_report import console_measures, write_report
 
         final = self._api("GET", f"{CR_PATH}/{NAME}") or {}
+        tuning = dict((final.get("status") or {}).get("tuning") or {})
+        for line in console_measures(self.timeline, tuning, self.traffic, self.proxy):
+            self.say(line)
         paths = write_report(
             self.config.out,
             self.timeline,

@@ -191,7 +191,7 @@ def write_report(
         "",
         f"SLO: {ttft} <= {slo['ttft']['thresholdMs']} ms, {itl} <= {slo['itl']['thresholdMs']} ms.",
         "",
-        *_measures(timeline, tuning, traffic, service),
+        *measures(timeline, tuning, traffic, service),
         "",
         f"| | knobs | {ttft} (ms) | {itl} (ms) |",
         "|---|---|---|---|",
@@ -244,10 +244,18 @@ def _clock(seconds: float | None) -> str:
     return "-" if seconds is None else f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
 
 
-def _measures(
+def console_measures(
     timeline: Timeline, tuning: dict[str, Any], traffic: Traffic | None, service: Any
 ) -> list[str]:
-    """What the run cost and how long it took, in a few numbers."""
+    """The report's measures as plain lines for the console, where the demo ends."""
+    lines = measures(timeline, tuning, traffic, service)[2:]
+    return [line.replace("**", "").strip().removeprefix("- ") for line in lines]
+
+
+def measures(
+    timeline: Timeline, tuning: dict[str, Any], traffic: Traffic | None, service: Any
+) -> list[str]:
+    """What the run cost and how long it took, in a few numbers (markdown)."""
     decided = [t for t, action, _ in timeline.decisions if action in ("rollout", "canary")]
     trials = tuning.get("trials") or []
     outcomes = [str(t.get("outcome")) for t in trials]

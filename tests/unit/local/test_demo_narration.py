@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from vllm_localcluster.demo import DEMO_POLICY, Sample, Timeline, Traffic, sample_of
-from vllm_localcluster.demo_report import _plot, canary_spans, failures_per_minute, write_report
+from vllm_localcluster.demo_report import (
+    _plot,
+    canary_spans,
+    console_measures,
+    failures_per_minute,
+    write_report,
+)
 from vllm_localcluster.narration import Narrator, console_line, in_time_order
 
 OLD = {"maxNumBatchedTokens": 8192, "maxNumSeqs": 256, "gpuMemoryUtilization": 0.92}
@@ -268,3 +274,17 @@ def test_the_report_gives_the_failed_requests_and_the_canaries(tmp_path: Path) -
     assert "first rollout decided at 00:41; converged at 02:30" in text
     assert "canaries promoted: 1, rejected: 0" in text
     assert "| 1 | mnbt=2048,mns=256,gmu=0.92 | canary, one pod | Committed | won |" in text
+
+
+def test_the_console_ends_with_the_failed_requests_and_the_canaries() -> None:
+    timeline = Timeline(
+        samples=samples(),
+        decisions=[(41.0, "canary", "c"), (90.0, "reject", "r"), (120.0, "canary", "c")],
+        converged_at=None,
+    )
+    tuning = {"applied": NEW, "trials": [trial("RolledBack", "lost"), trial("Pending", "")]}
+    traffic = Traffic(finished=900, failed=0)
+    lines = console_measures(timeline, tuning, traffic, None)
+    assert lines[0] == "failed requests: 0 of 900 (the target is 0)"
+    assert "trials: 2 (0 committed, 1 rolled back); canaries promoted: 0, rejected: 1" in lines
+    assert not any("**" in line or line.startswith("- ") for line in lines), lines
