@@ -145,7 +145,7 @@ class Timeline:
     converged_at: float | None = None  # seconds since the start
 
 
-def _condition(status: dict[str, Any], cond_type: str) -> dict[str, Any]:
+def _condition(status: Mapping[str, Any], cond_type: str) -> dict[str, Any]:
     for cond in status.get("conditions") or []:
         if cond.get("type") == cond_type:
             return dict(cond)

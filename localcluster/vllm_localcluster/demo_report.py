@@ -51,6 +51,8 @@ def canary_spans(samples: Sequence[Sample]) -> list[tuple[float, float, str]]:
     spans: list[tuple[float, float, str]] = []
     start: Sample | None = None
     for before, after in itertools.pairwise([*samples, None]):
+        if before is None:  # only the end marker comes after the last sample
+            break
         if before.canary is not None and start is None:
             start = before
         ends = after is None or after.canary != before.canary

@@ -84,7 +84,7 @@ class _ClientGone(Exception):
     """Writing to the client failed: it closed the connection."""
 
 
-async def _to_client(write: Awaitable[None]) -> None:
+async def _to_client(write: Awaitable[object]) -> None:
     try:
         await write
     except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError included
