@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 from tests.support.waiting import wait_for
-from vllm_autotuner.local.demo import DEMO_DEPLOYMENT, DEMO_POLICY
 
 from e2e.conftest import MakeLoop
 from e2e.harness import POLICY_PATH, ClosedLoop, condition, cr_path
+from vllm_localcluster.demo import DEMO_DEPLOYMENT, DEMO_POLICY
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(300)]
 
