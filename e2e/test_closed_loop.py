@@ -1,6 +1,7 @@
 """The closed loop on one machine: the real operator process, real Prometheus, vllm-sim pods.
 
-Four scenarios from issue 7, each on a fresh cluster (see conftest.py). Every wait is on a
+Five scenarios, each on a fresh cluster (see conftest.py): issue 7's OOM rollback, operator
+kill and Prometheus outage, and issue 14's winning and losing one-pod canaries. Every wait is on a
 condition with a deadline; assertions read the VLLMDeployment's status, its Events and the
 Deployment/ReplicaSets the operator manages, as a person with kubectl would.
 
