@@ -46,6 +46,7 @@ def closed_loop(tmp_path: Path) -> Iterator[MakeLoop]:
         sim_env_by_labels: Sequence[tuple[Mapping[str, str], Mapping[str, str]]] = (),
         time_scale: float = 5.0,
         reconcile_interval_s: float = 3.0,
+        audit: bool = False,
     ) -> ClosedLoop:
         loop = ClosedLoop(
             tmp_path / f"cluster-{len(loops)}",
@@ -53,6 +54,7 @@ def closed_loop(tmp_path: Path) -> Iterator[MakeLoop]:
             sim_env_by_labels=sim_env_by_labels,
             time_scale=time_scale,
             reconcile_interval_s=reconcile_interval_s,
+            audit=audit,
         )
         loops.append(loop)
         return loop.start()

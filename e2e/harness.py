@@ -209,6 +209,7 @@ class ClosedLoop:
         sim_env_by_labels: Sequence[tuple[Mapping[str, str], Mapping[str, str]]] = (),
         reconcile_interval_s: float = 3.0,
         min_window: str = "30s",
+        audit: bool = False,
     ) -> None:
         self.workdir = workdir
         self.namespace = namespace
@@ -221,6 +222,7 @@ class ClosedLoop:
             speed=time_scale,
             sim_env=sim_env,
             sim_env_by_labels=sim_env_by_labels,
+            audit=audit,
         )
         self.proxy: ServiceProxy | None = None
         self.operator: subprocess.Popen[bytes] | None = None

@@ -61,9 +61,14 @@ def observe(s: Scenario, knobs: Knobs, rate: float, seconds: float = 600.0) -> S
     return snaps[target.key]
 
 
-def candidates(s: Scenario, truth: Truth) -> list[Knobs]:
+def candidates(s: Scenario, extra: list[str]) -> list[Knobs]:
+    """vLLM's defaults, a few budgets around them, and `extra` ("tokens/seqs", at the
+    defaults' utilisation; an oracle's or a tuner's choice, say)."""
     d = vllm_defaults(s)
     out = [d]
+    for text in extra:
+        mnbt, mns = (int(v) for v in text.split("/"))
+        out.append(Knobs(mnbt, mns, d.gpu_memory_utilization))
     for mnbt, mns in ((2048, 256), (1024, 256), (512, 128), (4096, 512)):
         k = Knobs(mnbt, min(mns, mnbt), d.gpu_memory_utilization)
         if s.bounds.contains(k) and not k.same_as(d):
@@ -75,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenario")
     ap.add_argument("--loads", type=float, nargs="+", default=[0.6, 1.0, 1.5])
+    ap.add_argument("--knobs", nargs="*", default=[], help="more knobs to predict: TOKENS/SEQS")
     args = ap.parse_args(argv)
     s = load(args.scenario)
     truth = Truth(s)
     ctx = context(s)
     policy = s.policy("Auto")
-    ks = candidates(s, truth)
+    ks = candidates(s, args.knobs)
     caps = {k: truth.capacity(k) for k in ks}
     errors: list[float] = []
     for k in ks:

@@ -1,5 +1,5 @@
 """`python -m bench.soak --deployments N --virtual-hours H --time-scale S [--faults]
-[--rate R] [--out DIR]`: exits 0 when every check passed (docs/scale.md, "Soak")."""
+[--autoscaler] [--rate R] [--out DIR]`: exits 0 when every check passed (docs/scale.md, "Soak")."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--faults", action="store_true", help="kill pods, restart Prometheus, API errors"
     )
+    p.add_argument(
+        "--autoscaler",
+        action="store_true",
+        help="a replica autoscaler owns every count (moves it every 5 virtual minutes)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("bench/results/soak"))
     args = p.parse_args(argv)
@@ -30,10 +35,12 @@ def main(argv: list[str] | None = None) -> int:
         faults=args.faults,
         out=args.out,
         seed=args.seed,
+        autoscaler=args.autoscaler,
     )
     print(
         f"soak: {config.deployments} deployments, {config.virtual_hours:g} virtual hours at "
-        f"{config.time_scale:g}x ({config.wall_s:.0f}s wall), faults={config.faults}",
+        f"{config.time_scale:g}x ({config.wall_s:.0f}s wall), faults={config.faults}, "
+        f"autoscaler={config.autoscaler}",
         flush=True,
     )
     report = Soak(config, log=lambda s: print(s, flush=True)).run()
@@ -42,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
           f"rollbacks {report.rollbacks}; trials {report.trials}; requests "
           f"{report.requests_completed} ok / {report.requests_failed} failed; "
           f"operator restarts {report.operator_restarts}")  # fmt: skip
+    if config.autoscaler:
+        print(f"autoscaler writes {report.autoscaler_writes} "
+              f"({len(report.autoscaler_errors)} errors); operator writes to a replica count "
+              f"an autoscaler owns {report.operator_writes_to_autoscaled_replicas}")  # fmt: skip
     for fault in report.faults:
         print(f"  fault {fault}")
     for problem in report.problems:

@@ -10,6 +10,13 @@ restarts it, as a kubelet would), Prometheus stopped and started again on the sa
 bursts of 409 Conflict and 503 on the operator's writes. The cluster is the real control plane;
 the operator reaches it through a fault proxy (vllm_localcluster.faults) that injects the
 errors and records every request.
+
+With an autoscaler (`autoscaler=True`), every deployment's replica count belongs to a replica
+autoscaler (vllm_localcluster.autoscaler, writing /scale as the HPA controller does) that moves
+it between 1 and 2 every `scale_every_virtual_s`: the even deployments with
+`autoscaling.target: Deployment` (the autoscaler scales the owned Deployment), the odd ones with
+`target: VLLMDeployment` (it scales the VLLMDeployment). The check then counts the operator's
+writes to a replica count an autoscaler owns (the goal is none) from the proxy's record.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from vllm_localcluster.autoscaler import ScheduledScaler
 from vllm_localcluster.cluster import LocalCluster
 from vllm_localcluster.controlplane import pki
 from vllm_localcluster.faults import FaultProxy, RequestRecord
@@ -62,6 +70,8 @@ class SoakConfig:
     faults: bool = False
     out: Path = Path("bench/results/soak")
     seed: int = 1
+    autoscaler: bool = False
+    scale_every_virtual_s: float = 300.0
 
     @property
     def wall_s(self) -> float:
@@ -95,7 +105,7 @@ class SoakConfig:
         }
 
     def deployment(self, i: int) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "apiVersion": "vllm.autotuner.io/v1alpha1",
             "kind": "VLLMDeployment",
             "metadata": {"name": f"llm-{i}", "namespace": NAMESPACE},
@@ -105,6 +115,36 @@ class SoakConfig:
                 "tuning": {"mode": "Auto", "policyRef": "soak"},
             },
         }
+        if self.autoscaler:
+            body["spec"].update(
+                autoscaling={"target": scale_target(i)},
+                rollout={"maxSurge": 1, "maxUnavailable": 0},
+            )
+        return body
+
+
+def scale_target(i: int) -> str:
+    """Which object the soak's autoscaler scales for deployment `i`."""
+    return "Deployment" if i % 2 == 0 else "VLLMDeployment"
+
+
+def writes_owned_replicas(r: RequestRecord, name: str, target: str) -> bool:
+    """An operator request that writes the replica count the autoscaler owns: the Deployment's
+    spec.replicas or /scale (target Deployment), the VLLMDeployment's spec or /scale (target
+    VLLMDeployment; the operator writes only its status)."""
+    if r.verb not in ("create", "update", "patch") or r.name != name:
+        return False
+    body = r.body if isinstance(r.body, dict) else {}
+    if target == "Deployment":
+        spec = body.get("spec")
+        return r.resource == "deployments" and (
+            r.subresource == "scale" or (isinstance(spec, dict) and "replicas" in spec)
+        )
+    return (
+        r.resource == "vllmdeployments"
+        and r.subresource != "status"
+        and (r.subresource == "scale" or "spec" in body)
+    )
 
 
 @dataclass
@@ -120,13 +160,17 @@ class SoakReport:
     requests_failed: int = 0
     operator_restarts: int = 0
     operator_writes: dict[str, int] = field(default_factory=dict)
+    # With an autoscaler: its writes, and the operator's to a count the autoscaler owns.
+    autoscaler_writes: int = 0
+    autoscaler_errors: list[str] = field(default_factory=list)
+    operator_writes_to_autoscaled_replicas: int = 0
     injected_errors: int = 0
     problems: list[str] = field(default_factory=list)
     deployments: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and self.operator_writes_to_autoscaled_replicas == 0
 
 
 def _seconds(text: str) -> float:
@@ -150,6 +194,7 @@ class Soak:
         self._stop = threading.Event()
         self.report = SoakReport(config={**asdict(config), "out": str(config.out)}, wall_s=0.0)
         self.rng = random.Random(config.seed)
+        self.scalers: dict[str, ScheduledScaler] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -311,6 +356,8 @@ class Soak:
             self.wait_for_pods(names, timeout_s=180)
             for i, name in enumerate(names):
                 self.start_load(i, name)
+            if cfg.autoscaler:
+                self.start_scalers(names)
             load_started = time.monotonic()
             self.log(f"traffic on {len(names)} deployments for {cfg.wall_s:.0f}s wall")
             plan = sorted(self.fault_plan()) if cfg.faults else []
@@ -326,6 +373,12 @@ class Soak:
                     self.log("  the operator exited; restarting it (as its Deployment would)")
                     self.start_operator(workdir)
                 self._stop.wait(1.0)
+            if self.scalers:
+                # The count stops moving with the traffic: the settle then sees a still target.
+                for scaler in self.scalers.values():
+                    scaler.stop()
+                writes = sum(len(s.writes) for s in self.scalers.values())
+                self.log(f"autoscalers stopped after {writes} writes")
             # Settle: one verification window plus a few reconciles to finish open trials.
             settle = _seconds(cfg.virtual(900)) + _seconds(cfg.virtual(1200)) + 15
             self.log(f"traffic done; settling for up to {settle:.0f}s")
@@ -333,6 +386,8 @@ class Soak:
             self.check(names)
         finally:
             self._stop.set()
+            for scaler in self.scalers.values():
+                scaler.stop()
             for thread in self._load_threads:
                 thread.join(60)
             self.stop_operator()
@@ -348,6 +403,48 @@ class Soak:
             self.report.requests_completed += int(summary["completed"])
             self.report.requests_failed += int(summary["requests"]) - int(summary["completed"])
         return self.report
+
+    def start_scalers(self, names: list[str]) -> None:
+        """One autoscaler per deployment, 2 and 1 replicas in turn (as the admin, directly)."""
+        cluster = self.cluster
+        assert cluster is not None
+        period = self.config.scale_every_virtual_s / self.config.time_scale
+        for i, name in enumerate(names):
+            kind = "apis/apps/v1" if scale_target(i) == "Deployment" else GROUP_PATH[1:]
+            plural = "deployments" if scale_target(i) == "Deployment" else "vllmdeployments"
+            path = f"/{kind}/namespaces/{NAMESPACE}/{plural}/{name}/scale"
+            self.scalers[name] = ScheduledScaler(
+                cluster.url, cluster.token, str(cluster.ca_file), path, (2, 1), period
+            ).start()
+
+    def check_replica_writes(self, names: list[str]) -> None:
+        """Once an autoscaler has written a count, the operator never writes that count."""
+        report = self.report
+        assert self.faults is not None
+        for i, name in enumerate(names):
+            scaler = self.scalers[name]
+            report.autoscaler_writes += len(scaler.writes)
+            report.autoscaler_errors += [f"{name}: {e}" for e in scaler.errors]
+            if not scaler.writes:
+                report.problems.append(f"{name}: the autoscaler never wrote ({scaler.errors})")
+                continue
+            first = scaler.writes[0].time
+            bad = [
+                r
+                for r in self.faults.requests
+                if r.time >= first and writes_owned_replicas(r, name, scale_target(i))
+            ]
+            report.operator_writes_to_autoscaled_replicas += len(bad)
+            for r in bad[:3]:
+                report.problems.append(f"{name}: the operator wrote the autoscaler's count: {r}")
+            last = scaler.writes[-1].after
+            if scale_target(i) == "Deployment":
+                live = ((self.deployment(name) or {}).get("spec") or {}).get("replicas")
+            else:
+                path = f"{GROUP_PATH}/namespaces/{NAMESPACE}/vllmdeployments/{name}"
+                live = (self.api("GET", path).get("spec") or {}).get("replicas")
+            if live != last:
+                report.problems.append(f"{name}: replicas {live}, the autoscaler wrote {last}")
 
     def wait_for_pods(self, names: list[str], timeout_s: float) -> None:
         assert self.cluster is not None
@@ -442,7 +539,8 @@ class Soak:
         report.trials = dict(trials)
         events = self.api("GET", f"/api/v1/namespaces/{NAMESPACE}/events").get("items", [])
         reasons = Counter(e.get("reason") for e in events)
-        report.rollouts = reasons.get("RolloutStarted", 0)
+        # A trial starts as a rolling update or as a canary (one pod first).
+        report.rollouts = reasons.get("RolloutStarted", 0) + reasons.get("CanaryStarted", 0)
         report.commits = reasons.get("TuningCommitted", 0)
         report.rollbacks = reasons.get("TuningRolledBack", 0)
         writes = Counter(
@@ -451,6 +549,8 @@ class Soak:
             if operator_write(r)
         )
         report.operator_writes = dict(writes)
+        if self.scalers:
+            self.check_replica_writes(names)
         if report.rollouts == 0:
             report.problems.append("no rollout happened: the run exercised no trial")
 

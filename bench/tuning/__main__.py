@@ -1,16 +1,22 @@
-"""`python -m bench.tuning FILE... --out DIR [--methods ...] [--quick]` (docs/benchmarks.md)."""
+"""`python -m bench.tuning FILE... --out DIR [--methods ...] [--quick]` (docs/benchmarks.md).
+
+A scenario with an `autoscaler:` section runs the autoscaled comparison instead
+(bench/tuning/autoscaled.py); its results go to DIR/autoscaled-<name>.json and .md."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.tuning import autoscaled
 from bench.tuning.report import accuracy, table, verdict, write
 from bench.tuning.runner import ALL_METHODS, QUICK_METHODS, run_scenario
+from bench.tuning.scenario import load
 
 
 def _one(args: tuple[str, tuple[str, ...], bool, str, float | None]) -> dict[str, Any]:
@@ -34,7 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown methods {sorted(unknown)}; known: {', '.join(ALL_METHODS)}")
     started = time.monotonic()
-    jobs = [(f, methods, a.quick, a.model, a.horizon) for f in a.files]
+    scaled = [f for f in a.files if load(f).autoscaler is not None]
+    for f in scaled:
+        _autoscaled(f, a.model, a.horizon, Path(a.out))
+    jobs = [(f, methods, a.quick, a.model, a.horizon) for f in a.files if f not in scaled]
+    if not jobs:
+        return 0
     if a.jobs > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(max_workers=a.jobs) as pool:
             results = list(pool.map(_one, jobs))
@@ -49,6 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {line}")
     print(f"\n{path} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
     return 0
+
+
+def _autoscaled(path: str, model: str, horizon: float | None, out: Path) -> None:
+    result = autoscaled.run_autoscaled(path, model_kind=model, horizon_s=horizon)
+    text = (
+        autoscaled.table(result)
+        + "\n"
+        + "\n".join(f"- {line}" for line in autoscaled.verdict(result))
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"autoscaled-{result['scenario']}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -47,11 +47,12 @@ from bench.tuning.truth import (
 from bench.tuning.world import NAMESPACE, World, revision
 from vllm_autotuner.adapters.prometheus import PrometheusSource
 from vllm_autotuner.adapters.promql import SnapshotTarget
+from vllm_autotuner.core.autoscaling import published_capacity, track
 from vllm_autotuner.core.decide import Decision, decide
 from vllm_autotuner.core.knob_defaults import default_knobs
 from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
 from vllm_autotuner.core.search_memo import SearchMemo
-from vllm_autotuner.core.snapshot import Observation, Snapshot
+from vllm_autotuner.core.snapshot import Observation, Scaling, Snapshot
 from vllm_autotuner.core.topology import canary_running, topology
 from vllm_autotuner.core.tuning_types import (
     Bounds,
@@ -574,27 +575,36 @@ def _observe(
     state: TuningState,
     policy: TuningPolicy,
     snapshots: Callable[[list[SnapshotTarget]], dict[tuple[str, str], Snapshot]],
+    scaling: Scaling | None = None,
 ) -> tuple[Observation, list[str], float | None]:
     """What the operator observes at this reconcile: one snapshot of the pods running the
     applied knobs or, during a canary, the stable pods and the canary pod over the same window
-    (since the later of the two sets became ready). Also the stable pods and their `since`."""
+    (since the later of the two sets became ready, and never before the replica count last
+    settled). Also the stable pods and their `since`."""
     applied = state.applied
+    settled = None
+    if scaling is not None and scaling.settled_at is not None:
+        settled = (scaling.settled_at - EPOCH).total_seconds()
     if not canary_running(state):
-        pods, since = world.ready_pods(applied)
+        pods, ready = world.ready_pods(applied)
+        since = max((x for x in (ready, settled) if x is not None), default=None)
         target = _target(s, policy, "bench", applied, pods, since)
-        return Observation(snapshots([target])[target.key], world.pod_health()), pods, since
+        obs = Observation(snapshots([target])[target.key], world.pod_health(), scaling=scaling)
+        return obs, pods, since
     assert state.candidate is not None
     pods, s_since = world.ready_pods(applied, "stable")
     c_pods, c_since = world.ready_pods(state.candidate, "canary")
     fair = None
     if state.analysis is not None:
         fair = (state.analysis.since - EPOCH).total_seconds()
-    known = [x for x in (s_since, c_since, fair) if x is not None]
+    known = [x for x in (s_since, c_since, fair, settled) if x is not None]
     since = max(known) if known else None
     stable = _target(s, policy, "bench", applied, pods, since)
     canary = _target(s, policy, "bench-canary", state.candidate, c_pods, since)
     snaps = snapshots([stable, canary])
-    obs = Observation(snaps[stable.key], world.pod_health(), canary=snaps[canary.key])
+    obs = Observation(
+        snaps[stable.key], world.pod_health(), canary=snaps[canary.key], scaling=scaling
+    )
     return obs, pods, since
 
 
@@ -632,19 +642,32 @@ def _predictions(
     return out
 
 
+def _capacity(state: TuningState) -> float | None:
+    published = published_capacity(state)
+    return None if published is None else published.per_replica_rps
+
+
 def run_ours(
     s: Scenario,
     world: World,
     model_kind: str,
     progress: Callable[[str], None],
     truth: TrueCapacity | None = None,
+    mode: str = "Auto",
 ) -> tuple[Tuning, OursTrace, int]:
     """The operator's loop: every reconcile, the snapshots through the Prometheus adapter's own
     code (PrometheusSource's cycle over a SimTransport), pod health, then decide(), then the
     Deployments its state calls for (`core.topology`) applied to the world. With `truth`, the
-    model's predictions at each decision are recorded next to the ground truth's capacity."""
-    policy = s.policy("Auto")
-    ctx = context(s)
+    model's predictions at each decision are recorded next to the ground truth's capacity.
+
+    With a replica autoscaler in the world, the count is the autoscaler's (`replica_target`):
+    the context takes it at every reconcile, its motion is tracked as the controller tracks it
+    (core/autoscaling.track), a new count is rendered through the operator's topology at once,
+    and the autoscaler reads the capacity the operator publishes. `mode` "Recommend" is the
+    operator beside untouched knobs: it publishes the capacity and changes nothing."""
+    policy = s.policy(mode)
+    base_ctx = replace(context(s), autoscaled=world.autoscaler is not None)
+    ctx = base_ctx
     model: PerformanceModel = (
         EngineModel() if model_kind == "engine" else AnalyticModel(ctx.gpu_product)
     )
@@ -659,19 +682,28 @@ def run_ours(
     pending: Knobs | None = None
     crashes_seen = 0
     memo: SearchMemo | None = None
+    scaling: Scaling | None = None
+    live = [state]  # the operator's state now, for the autoscaler's writes between reconciles
+    world.render = lambda n: topology(live[0], replace(base_ctx, replicas=n))
+    if world.autoscaler is not None:
+        world.autoscaler.capacity = lambda: _capacity(live[0])
     t = 0.0
     try:
         while t < world.horizon - 1e-9:
             t = min(t + RECONCILE_S, world.horizon)
             world.advance_to(t)
             now = EPOCH + timedelta(seconds=t)
+            ctx = replace(base_ctx, replicas=world.replica_target)
+            serving = sum(1 for p in world.pods if p.phase == "ready")
+            expected = topology(state, ctx).pods
+            scaling = track(scaling, ctx.replicas, serving, expected, now)
 
             def snapshots(
                 targets: list[SnapshotTarget], now: datetime = now
             ) -> dict[tuple[str, str], Snapshot]:
                 return loop.run_until_complete(source._cycle(transport, targets, now))
 
-            obs, pods, since = _observe(s, world, state, policy, snapshots)
+            obs, pods, since = _observe(s, world, state, policy, snapshots, scaling)
             # As the controller does: the last search stands until there is new evidence.
             decision = decide(state, obs, policy, ctx, now, model, memo=memo)
             trace.predictions += _predictions(
@@ -679,6 +711,7 @@ def run_ours(
             )
             memo = decision.search_memo or memo
             state = decision.new_state
+            live[0] = state
             trace.times.append(t)
             trace.knobs.append(state.applied)
             trace.phases.append(state.phase)

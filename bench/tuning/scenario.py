@@ -53,6 +53,10 @@ edit. Format (every key but `name`, `model` and `workload` has a default)::
     truth:                              # how ground-truth capacity is measured (optional)
       requests: 1000                    #   requests per evaluation run
       seed: 11
+    autoscaler:                         # optional: a replica autoscaler owns the count, and the
+      min_replicas: 1                   #   run compares scaling signals (AutoscalerSpec in
+      max_replicas: 8                   #   bench/tuning/autoscaler.py); `replicas` is then the
+      utilization: 0.8                  #   starting count and the rate's multiplier
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from typing import Any
 
 import yaml
 
+from bench.tuning.autoscaler import AutoscalerSpec
 from vllm_autotuner.core.tuning_types import (
     SLO,
     Bounds,
@@ -84,7 +89,7 @@ from vllm_sim.workload import WorkloadSpec
 _KNOWN = {
     "name", "description", "model", "gpu", "tensor_parallel_size", "max_model_len", "replicas",
     "load_time_s", "horizon_s", "seed", "workload", "slo", "bounds", "policy", "reality", "truth",
-    "rollout",
+    "rollout", "autoscaler",
 }  # fmt: skip
 _ROLLOUT_KEYS = ("max_surge", "canary", "shutdown_timeout_s", "pre_stop_s")
 _POLICY_DEFAULTS: dict[str, float] = {
@@ -159,6 +164,10 @@ def _rollout(raw: Any, load_time_s: float) -> RolloutSettings:
     )
 
 
+def _autoscaler(raw: Any) -> AutoscalerSpec | None:
+    return None if raw is None else AutoscalerSpec.parse(raw)
+
+
 def _scale_rate(rate: Any, k: float) -> Any:
     """A vllm_sim rate spec multiplied by `k` (per-replica rate -> deployment rate)."""
     if isinstance(rate, int | float):
@@ -197,6 +206,7 @@ class Scenario:
     description: str = ""
     key: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict)
+    autoscaler: AutoscalerSpec | None = None
 
     def truth_key(self) -> str:
         """Hash of what ground truth depends on (not traffic level, horizon, policy, replicas):
@@ -305,6 +315,7 @@ def parse(raw: Mapping[str, Any], key: str = "") -> Scenario:
         truth_seed=int(truth.get("seed", 11)),
         key=key,
         raw=dict(raw),
+        autoscaler=_autoscaler(raw.get("autoscaler")),
     )
 
 

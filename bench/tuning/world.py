@@ -30,6 +30,13 @@ a rollout's drain or scale-down, or no ready pod while a rollout or scale-down i
 compared, exactly, with its threshold, in the minute Prometheus sees it in; that gives
 violation minutes from exact latencies next to the ones `histogram_quantile` shows.
 
+**A replica autoscaler** (`autoscaler`, bench/tuning/autoscaler.py) may own the replica count:
+every `sync_s` it reads the TSDB and writes `replica_target` (the VLLMDeployment's
+spec.replicas); `render` (the operator's topology for that count, by default the stable knobs on
+that many pods) turns it into the Deployments at once, as the operator's watch would. The
+cluster then has `max_replicas + max_surge` GPUs; `gpu_seconds` integrates the GPUs held
+(pods loading, serving, draining or backing off): the replica-minutes an autoscaler costs.
+
 Every `scrape_s` the running pods' metrics (draining ones included, as a PodMonitor scrapes
 them) are sampled into a `TSDB` with vLLM's names and labels, which is all a tuner reads. Each
 engine keeps its own clock starting at its pod's start (so a run-time OOM hazard counts from the
@@ -39,11 +46,13 @@ start of the pod, as on a GPU); arrivals and records are shifted between the two
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
+from bench.tuning.autoscaler import HPA
 from bench.tuning.promsim import TSDB, Evaluator
 from bench.tuning.scenario import Scenario
 from bench.tuning.truth import engine_config
@@ -160,14 +169,14 @@ class Accounting:
 class ExactCount(Histogram):
     """An engine's latency histogram that also counts, exactly, how many of its observations
     were above one threshold (no buckets): every observation vLLM's histogram gets, the same
-    instant, compared with the raw value. The world reads and resets the counts every step."""
+    instant, compared with the raw value. Every path into the histogram ends in `observe`,
+    `observe_repeated` or `add_values`. The world reads and resets the counts every step."""
 
     def __init__(self, inner: Histogram, limit: float) -> None:
         super().__init__(inner.name, inner.help, inner.bound_list)
         self.limit = limit
         self.n = 0
         self.n_over = 0
-        self._quiet = False
 
     def observe(self, value: float) -> None:
         super().observe(value)
@@ -176,24 +185,14 @@ class ExactCount(Histogram):
 
     def observe_repeated(self, value: float, n: int) -> None:
         super().observe_repeated(value, n)
-        if n > 0 and not self._quiet:
+        if n > 0:
             self.n += n
             self.n_over += n if value > self.limit else 0
 
-    def observe_many(self, values: np.ndarray) -> None:
-        super().observe_many(values)
-        self.n += int(values.size)
-        self.n_over += int(np.count_nonzero(values > self.limit))
-
-    def observe_many_weighted(self, values: np.ndarray, weight: int) -> None:
-        if weight > 0:
-            self.n += int(values.size) * weight
-            self.n_over += int(np.count_nonzero(values > self.limit)) * weight
-        self._quiet = True  # the base class may call observe_repeated: counted already
-        try:
-            super().observe_many_weighted(values, weight)
-        finally:
-            self._quiet = False
+    def add_values(self, values: np.ndarray, weight: int = 1) -> None:
+        super().add_values(values, weight)
+        self.n += int(values.size) * weight
+        self.n_over += int(np.count_nonzero(values > self.limit)) * weight
 
     def take(self) -> tuple[int, int]:
         out = (self.n, self.n_over)
@@ -209,13 +208,22 @@ class World:
         horizon_s: float | None = None,
         scrape_s: float = 15.0,
         seed: int | None = None,
+        autoscaler: HPA | None = None,
     ) -> None:
         self.s = scenario
         self.rollout = scenario.rollout
         self.horizon = float(horizon_s if horizon_s is not None else scenario.horizon_s)
         self.scrape_s = scrape_s
         self.seed = scenario.seed if seed is None else seed
-        self.gpus = scenario.replicas + scenario.rollout.max_surge
+        self.autoscaler = autoscaler
+        most = max(scenario.replicas, autoscaler.spec.max_replicas if autoscaler else 0)
+        self.gpus = most + scenario.rollout.max_surge
+        self.replica_target = scenario.replicas
+        self.replica_timeline: list[tuple[float, int]] = [(0.0, scenario.replicas)]
+        self.render: Callable[[int], Topology] = lambda n: Topology(
+            self.desired, n, None, self.rollout.max_surge
+        )
+        self.gpu_seconds = 0.0
         self.t = 0.0
         self.db = TSDB()
         self.requests: list[Request] = scenario.deployment_workload(self.horizon).generate()
@@ -278,7 +286,7 @@ class World:
 
     def apply(self, knobs: Knobs) -> None:
         """One Deployment of `replicas` pods on `knobs` (no canary)."""
-        self.apply_topology(Topology(knobs, self.s.replicas, None, self.rollout.max_surge))
+        self.apply_topology(Topology(knobs, self.replica_target, None, self.rollout.max_surge))
 
     def pod_health(self) -> tuple[PodHealth, ...]:
         """Every pod that exists, as the Kubernetes adapter would list it (terminating and
@@ -333,6 +341,20 @@ class World:
             self._reconcile(self.t)
             nxt = math.floor(self.t / self.scrape_s + EPS) * self.scrape_s + self.scrape_s
             self._step(min(nxt, t_end, self._next_event()))
+            self._autoscale()
+
+    def _autoscale(self) -> None:
+        """The autoscaler's sync, on its grid: a new count is rendered at once."""
+        hpa = self.autoscaler
+        if hpa is None or abs(self.t / hpa.spec.sync_s - round(self.t / hpa.spec.sync_s)) > 1e-6:
+            return
+        n = hpa.sync(self, self.t)
+        if n == self.replica_target:
+            return
+        self.events.append((self.t, f"autoscaler ({hpa.signal}): {self.replica_target} -> {n}"))
+        self.replica_target = n
+        self.replica_timeline.append((self.t, n))
+        self.apply_topology(self.render(n))
 
     # ------------------------------------------------------------------------- pods
 
@@ -518,6 +540,7 @@ class World:
 
     def _step(self, t1: float) -> None:
         t0 = self.t
+        self.gpu_seconds += (t1 - t0) * sum(1 for p in self.pods if p.gpu)
         ready = [p for p in self.pods if p.phase == "ready" and p.engine is not None]
         self._route(t1, ready)
         for pod in [p for p in self.pods if p.engine is not None]:

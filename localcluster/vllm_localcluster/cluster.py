@@ -65,6 +65,7 @@ class LocalCluster:
         handle_sigterm: bool = False,
         run_any_command: bool = False,
         max_grace_s: float | None = None,
+        audit: bool = False,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = (
@@ -81,6 +82,7 @@ class LocalCluster:
         self.handle_sigterm = handle_sigterm
         self.run_any_command = run_any_command
         self.max_grace_s = max_grace_s
+        self.audit = audit  # the API server's audit log (ControlPlane.audit_log), for tests
         self.control_plane: ControlPlane | None = None
         self.prometheus: PrometheusServer | None = None
         self.agent: NodeAgent | None = None
@@ -170,7 +172,8 @@ class LocalCluster:
         if self.handle_sigterm and threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            self.control_plane = ControlPlane(self.workdir / "controlplane").start()
+            plane = ControlPlane(self.workdir / "controlplane", audit=self.audit)
+            self.control_plane = plane.start()
             on_targets = None
             if self.with_prometheus:
                 self.prometheus = PrometheusServer(

@@ -8,25 +8,44 @@ anything is in `core/` and tested without a cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
-from vllm_autotuner import API_VERSION
-from vllm_autotuner.adapters.kube import KubeClient, KubeError, object_path, resource_path
+from vllm_autotuner import API_VERSION, DEPLOYMENT_LABEL, FIELD_MANAGER
+from vllm_autotuner.adapters.kube import (
+    Conflict,
+    KubeClient,
+    KubeError,
+    object_path,
+    resource_path,
+)
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.promql import SnapshotTarget
 from vllm_autotuner.api.common import LabelSelector
 from vllm_autotuner.api.deployment import VLLMDeploymentSpec, child_name_problem
 from vllm_autotuner.api.policy import VLLMTuningPolicySpec
 from vllm_autotuner.core import render
+from vllm_autotuner.core.autoscaling import (
+    HANDOFF_MANAGER,
+    Owner,
+    owns_replicas,
+    published_capacity,
+    replicas_manifest,
+    replicas_now,
+    scaling_from_status,
+    scaling_to_status,
+    serving_pods,
+    track,
+)
 from vllm_autotuner.core.commands import (
     PAUSE_ANNOTATION,
     forget_latest_block,
@@ -40,7 +59,7 @@ from vllm_autotuner.core.policy import Resolution, governing_policies, resolve
 from vllm_autotuner.core.rollout import adopt_unrecorded
 from vllm_autotuner.core.sanitize import MAX_EVENT_TEXT, clean_status, clean_text
 from vllm_autotuner.core.search_memo import SearchMemo
-from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
+from vllm_autotuner.core.snapshot import Observation, Scaling, Snapshot, defect
 from vllm_autotuner.core.starting_point import StartingPoint, starting_knobs
 from vllm_autotuner.core.status import ChildState, compute_status, readiness, status_patch
 from vllm_autotuner.core.topology import Topology, canary_running, topology
@@ -59,6 +78,7 @@ from vllm_autotuner.core.tuning_types import (
     Commands,
     DeploymentContext,
     Knobs,
+    RolloutSettings,
     TuningPolicy,
     TuningState,
 )
@@ -267,7 +287,9 @@ class Controller:
         resolution = self._resolve(spec, policy_name, policies, namespace, namespace_labels)
         fields["mode"] = resolution.mode if resolution.ok else spec.tuning.mode
         fields["policy"] = resolution.policy_name
-        fields["replicas"] = child.replicas
+        canary_child = ChildState.from_manifest(children.get("Canary"))
+        fields["replicas"] = child.replicas + canary_child.replicas  # /scale's status replicas
+        fields["selector"] = f"{DEPLOYMENT_LABEL}={name}"  # every pod, canary included
         fields["readyReplicas"] = child.ready_replicas
         fields["updatedReplicas"] = child.updated_replicas
 
@@ -294,6 +316,7 @@ class Controller:
         for note in start.notes:
             if previous_tuning.get("startNote") != note:
                 outcome.events.append(Event("Warning", "KnobsClamped", note))
+        owner_kind: Owner = spec.autoscaling.target or "VLLMDeployment"
         tuned = await self._tune(
             (namespace, name),
             spec,
@@ -305,6 +328,10 @@ class Controller:
             now,
             deployment_knobs(children.get("Deployment")),
             commands,
+            ReplicaView(
+                replicas_now(owner_kind, spec.replicas, children.get("Deployment")),
+                scaling_from_status(previous.get("scaling")),
+            ),
         )
         knobs = tuned.knobs
         outcome.events.extend(tuned.events)
@@ -317,10 +344,18 @@ class Controller:
             "Deployment": render.render_deployment(spec, knobs, owner, topo.stable_replicas),
             "Service": render.render_service(spec, owner),
         }
+        if owner_kind == "Deployment":
+            # An autoscaler owns the count: our applies never name it (docs/autoscaling.md).
+            del desired["Deployment"]["spec"]["replicas"]
+            previous_owner = (previous.get("scaling") or {}).get("owner")
+            await self._release_replicas(owner, children.get("Deployment"), previous_owner)
         if topo.canary is not None:
             desired["Canary"] = render.render_canary(spec, topo.canary, owner)
         await self._remove_canary(namespace, name, children.get("Canary"), desired, owner)
-        refused = await self._apply_children((namespace, name), desired, children, now, outcome)
+        seed = spec.replicas if owner_kind == "Deployment" else None
+        refused = await self._apply_children(
+            (namespace, name), desired, children, now, outcome, seed
+        )
         if "Deployment" in outcome.applied:
             outcome.events.append(
                 _deployment_event(
@@ -341,6 +376,15 @@ class Controller:
         if start.notes:
             tuning["startNote"] = start.notes[-1]
         fields["tuning"] = tuning
+        if tuned.scaling is not None:
+            fields["scaling"] = scaling_to_status(tuned.scaling, owner_kind)
+        capacity = published_capacity(tuned.state) if tuned.state is not None else None
+        fields["capacity"] = keep_stamp(
+            {"_": None if capacity is None else capacity.to_status()},
+            {"_": previous.get("capacity")},
+            "_",
+            "time",
+        )["_"]
         if tuned.observed is not None:
             fields["observed"] = keep_stamp(
                 {"_": tuned.observed}, {"_": previous.get("observed")}, "_", "time"
@@ -364,6 +408,43 @@ class Controller:
             namespace, name, previous, generation, now, updates, fields, outcome
         )
         return outcome
+
+    async def _release_replicas(
+        self, owner: render.Owner, live: Mapping[str, Any] | None, previous_owner: Any
+    ) -> None:
+        """Before our first apply that leaves spec.replicas out of a Deployment that exists:
+        if our field manager owns the field, hand it to HANDOFF_MANAGER at its live value, or
+        the apply would remove it and the Deployment fall back to one replica. Never forced:
+        a conflict means an autoscaler has just taken the field, which is what we want."""
+        if live is None or previous_owner == "Deployment":
+            return
+        path = resource_path("apps/v1", "deployments", owner.namespace, owner.name)
+        full = await self.kube.get(path)
+        if full is None:
+            return
+        if not owns_replicas((full.get("metadata") or {}).get("managedFields"), FIELD_MANAGER):
+            return
+        count = int((full.get("spec") or {}).get("replicas", 1))
+        with contextlib.suppress(Conflict):
+            await self.kube.apply(
+                replicas_manifest(owner.name, owner.namespace, count),
+                force=False,
+                field_manager=HANDOFF_MANAGER,
+            )
+
+    async def _seed_replicas(self, namespace: str, name: str, count: int) -> dict[str, Any] | None:
+        """A Deployment we just created without spec.replicas starts at spec.replicas of the
+        VLLMDeployment, set by HANDOFF_MANAGER (never forced: a conflict means an autoscaler
+        got there first), so that the autoscaler takes it over from a manager that never
+        applies it again. Returns the Deployment as the server has it then."""
+        try:
+            return await self.kube.apply(
+                replicas_manifest(name, namespace, count),
+                force=False,
+                field_manager=HANDOFF_MANAGER,
+            )
+        except Conflict:
+            return None
 
     async def _remove_canary(
         self,
@@ -390,8 +471,11 @@ class Controller:
         children: Mapping[str, Mapping[str, Any] | None],
         now: datetime,
         outcome: Outcome,
+        seed: int | None = None,
     ) -> ConditionUpdate | None:
         """Apply each child that is missing or drifted; a Degraded update if one was refused.
+        `seed`: an autoscaler owns the count, and a Deployment we create starts at `seed`
+        replicas (`_seed_replicas`).
 
         A child the API server refuses (400/422: a value the CRD could not check) is not sent
         again, unchanged, until its back-off ends: the same PATCH would only fail again.
@@ -422,6 +506,8 @@ class Controller:
                 problems.append(rejection.describe(kind))
                 continue
             self._rejected.pop((namespace, name, kind), None)
+            if live is None and kind == "Deployment" and seed is not None:
+                result = await self._seed_replicas(namespace, name, seed) or result
             self._applied[(namespace, name, kind)] = (time.monotonic(), child_copy(result))
             outcome.applied.append(kind)
         if not problems:
@@ -499,6 +585,9 @@ class Controller:
 
     def model_for(self, key: tuple[str, str], ctx: DeploymentContext) -> PerformanceModel:
         """One model per deployment, kept across reconciles so its caches pay off."""
+        # The replica count and rollout settings are not the model's business: a scale event
+        # must not throw away its caches.
+        ctx = replace(ctx, replicas=1, rollout=RolloutSettings(), autoscaled=False)
         cached = self._models.get(key)
         if cached is None or cached[0] != ctx:
             cached = (ctx, self.model_factory(ctx))
@@ -517,6 +606,7 @@ class Controller:
         now: datetime,
         live: Knobs | None = None,
         commands: Commands = NO_COMMANDS,
+        view: ReplicaView | None = None,
     ) -> Tuned:
         """Run one step of the tuner (none in mode Off) and say what it means for status.
 
@@ -524,9 +614,12 @@ class Controller:
         a hold; a retry forgets the latest blocked configuration before deciding. promote and
         abort are passed on for the canary (not acted on here yet).
         """
+        view = view or ReplicaView(spec.replicas, None)
+        serving = serving_pods(pods)
         if resolution.mode == "Off" or policy_spec is None:
             self.observer.forget(key)
             return Tuned(
+                scaling=track(view.scaling, view.replicas, serving, view.replicas, now),
                 knobs=start.knobs,
                 tuning={"phase": "Idle", "applied": start.knobs.to_dict()},
                 updates=[
@@ -536,7 +629,7 @@ class Controller:
                 ],
             )
         policy = tuning_policy(resolution, policy_spec)
-        ctx = deployment_context(spec, observed_load_time(pods))
+        ctx = deployment_context(spec, observed_load_time(pods), view.replicas)
         state = _state_from_status(previous_tuning) or TuningState.initial(start.knobs)
         adopted = adopt_unrecorded(state, live, policy, now)
         adoption: list[Event] = []
@@ -565,7 +658,8 @@ class Controller:
             else None
         )
         model = self.model_for(key, ctx)
-        observation = Observation(snapshot, health, canary_snapshot)
+        scaling = track(view.scaling, ctx.replicas, serving, topology(state, ctx).pods, now)
+        observation = Observation(snapshot, health, canary_snapshot, scaling)
         origin = start.knobs
         memo = self._searches.get(key)
         # A calibration and a search take tens to hundreds of ms of CPU (the engine model
@@ -593,7 +687,7 @@ class Controller:
         namespace, name = key
         log_decision(namespace, name, decision, previous_tuning.get("lastDecision"))
         topo = topology(new, ctx)
-        self._want_snapshots(key, spec, policy, pods, topo, new)
+        self._want_snapshots(key, spec, policy, pods, topo, new, scaling)
         if self.metrics is not None:
             self.metrics.set_slo_targets(
                 namespace,
@@ -654,17 +748,19 @@ class Controller:
             topology=topo,
             slo_met=met,
             handled=handled,
+            scaling=scaling,
+            state=new,
         )
 
     def _publish_capacity(
         self, namespace: str, name: str, state: TuningState, snapshot: Snapshot, slo: SLO
     ) -> None:
-        """Per replica: the model's capacity for the applied knobs ("predicted") and, when the
-        window met the SLO, the rate one pod served in it: a measured lower bound."""
+        """Per replica: what status.capacity says ("predicted": the calibrated model's capacity
+        for the knobs the pods run, core/autoscaling.published_capacity) and, when the window
+        met the SLO, the rate one pod served in it: a measured lower bound."""
         assert self.metrics is not None
-        check = state.model_check
-        fresh = check is not None and check.knobs.same_as(state.applied)
-        predicted = check.predicted_capacity_rps if fresh and check is not None else None
+        published = published_capacity(state)
+        predicted = None if published is None else published.per_replica_rps
         self.metrics.set_capacity(namespace, name, "predicted", predicted)
         met = _slo_met(snapshot, slo) if snapshot.available else None
         served = snapshot.per_pod_rate() if met else None
@@ -678,6 +774,7 @@ class Controller:
         pods: Sequence[Mapping[str, Any]],
         topo: Topology,
         state: TuningState,
+        scaling: Scaling | None = None,
     ) -> None:
         """Ask the observer for the next window of the stable pods and, while a canary runs,
         of the canary pod over the same window: from the later of the two ready times, or
@@ -703,14 +800,16 @@ class Controller:
                 model_name=spec.served_model_name or spec.model,
             )
 
-        since = ready_since(pods, topo.stable)
+        # A window never reaches back over a settled change of the replica count.
+        settled = scaling.settled_at if scaling is not None else None
+        since = _latest(ready_since(pods, topo.stable), settled)
         if topo.canary is None:
             self.observer.forget(canary_key(key))
             self.observer.want(target(key, topo.stable, since))
             return
         canary_since = ready_since(pods, topo.canary)
         fair = state.analysis.since if state.analysis is not None else None
-        both = max((t for t in (since, canary_since, fair) if t is not None), default=None)
+        both = _latest(since, canary_since, fair)
         self.observer.want(target(key, topo.stable, both))
         self.observer.want(target(canary_key(key), topo.canary, both))
 
@@ -1034,6 +1133,21 @@ class Tuned:
     topology: Topology | None = None
     slo_met: bool | None = None  # None: no usable window
     handled: tuple[str, ...] = ()  # one-shot requests acted on (core/commands.py)
+    scaling: Scaling | None = None  # the replica count's motion (status.scaling)
+    state: TuningState | None = None  # the tuner's state after this step (None: mode Off)
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """The replica count of the moment (core/autoscaling.replicas_now) and its motion as
+    status.scaling remembers it."""
+
+    replicas: int
+    scaling: Scaling | None
+
+
+def _latest(*times: datetime | None) -> datetime | None:
+    return max((t for t in times if t is not None), default=None)
 
 
 def _state_from_status(raw: Mapping[str, Any]) -> TuningState | None:

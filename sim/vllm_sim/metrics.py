@@ -144,10 +144,14 @@ class Histogram:
                 self.observe_repeated(v, weight)
             return
         if weight > 0:
-            idx = np.searchsorted(self.bounds, values, side="left")
-            binned = np.bincount(idx, minlength=len(self.counts)) * weight
-            self.counts = [a + b for a, b in zip(self.counts, binned.tolist(), strict=True)]
-            self.sum += float(values.sum()) * weight
+            self.add_values(values, weight)
+
+    def add_values(self, values: FloatArray, weight: int = 1) -> None:
+        """Bin an array at once, each value `weight` times: every bulk path ends here."""
+        idx = np.searchsorted(self.bounds, values, side="left")
+        binned = np.bincount(idx, minlength=len(self.counts)) * weight
+        self.counts = [a + b for a, b in zip(self.counts, binned.tolist(), strict=True)]
+        self.sum += float(values.sum()) * weight
 
     def flush(self) -> None:
         if not self._pending:
@@ -155,10 +159,7 @@ class Histogram:
         vals = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
         self._pending.clear()
         self._pending_n = 0
-        idx = np.searchsorted(self.bounds, vals, side="left")
-        binned = np.bincount(idx, minlength=len(self.counts)).tolist()
-        self.counts = [a + b for a, b in zip(self.counts, binned, strict=True)]
-        self.sum += float(vals.sum())
+        self.add_values(vals)
 
     @property
     def count(self) -> int:
@@ -406,12 +407,9 @@ class VllmMetrics:
                 total += value  # the order and rounding of one observe() at a time
                 prompt += prompt_len
                 cached_total += cached
-            ttft.sum = total
             self.observe_prompt_done(prompt, cached_total)  # integer sums: exact
-            values = np.fromiter((row[0] for row in firsts), np.float64, len(firsts))
-            idx = np.searchsorted(ttft.bounds, values, side="left")
-            binned = np.bincount(idx, minlength=len(ttft.counts)).tolist()
-            ttft.counts = [a + b for a, b in zip(ttft.counts, binned, strict=True)]
+            ttft.add_values(np.fromiter((row[0] for row in firsts), np.float64, len(firsts)))
+            ttft.sum = total
             firsts.clear()
         if not self.finished_rows:
             return

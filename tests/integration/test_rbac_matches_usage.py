@@ -39,6 +39,10 @@ NOT_EXERCISED: dict[Rule, str] = {
     ("vllm.autotuner.io", "vllmdeployments/finalizers", "update"): (
         "needed for blockOwnerDeletion only where OwnerReferencesPermissionEnforcement runs"
     ),
+    ("apps", "deployments", "get"): (
+        "reads managedFields when autoscaling.target becomes Deployment; "
+        "tests/integration/test_autoscaling.py runs that switch under the chart's rules"
+    ),
 }
 
 

@@ -89,7 +89,8 @@ RBAC rules for the namespaced objects the operator reads and writes. Used by the
   verbs: [update]
 # Children are read through watches; server-side apply needs create (first apply) and patch.
 # get: before creating a child, whether its name is taken by an object the operator does not
-# own (it is then left untouched and reported as a NameConflict).
+# own (it is then left untouched and reported as a NameConflict); and the Deployment's
+# managedFields once, to hand spec.replicas to an autoscaler (docs/autoscaling.md).
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch]

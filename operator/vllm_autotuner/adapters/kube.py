@@ -400,9 +400,12 @@ class KubeClient:
         result = await self.request("GET", path, params=params)
         return [dict(item) for item in (result or {}).get("items", [])]
 
-    async def apply(self, obj: dict[str, Any], *, force: bool = True) -> dict[str, Any]:
-        """Server-side apply under our field manager (controllers force, per the SSA docs)."""
-        params = {"fieldManager": FIELD_MANAGER}
+    async def apply(
+        self, obj: dict[str, Any], *, force: bool = True, field_manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
+        """Server-side apply under our field manager (controllers force, per the SSA docs).
+        Another manager's name hands a field over (core/autoscaling.py), never forced."""
+        params = {"fieldManager": field_manager}
         if force:
             params["force"] = "true"
         result = await self.request(

@@ -178,6 +178,15 @@ def _condition_column(name: str, condition: str, description: str) -> dict[str, 
     }
 
 
+# HPA, KEDA and `kubectl scale` read and write the replica count through /scale (as they do
+# for Deployments and Argo Rollouts): spec.replicas is what they set, status.replicas the pods
+# that exist, status.selector the pods whose metrics a Resource or Pods metric averages.
+SCALE_SUBRESOURCE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
+
 _AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
@@ -189,6 +198,7 @@ def _crd(
     scope: str,
     schema: dict[str, Any],
     columns: list[dict[str, Any]],
+    subresources: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -210,7 +220,7 @@ def _crd(
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": subresources or {"status": {}},
                     "additionalPrinterColumns": columns,
                     "schema": {"openAPIV3Schema": schema},
                 }
@@ -244,6 +254,10 @@ def deployment_crd() -> dict[str, Any]:
         {"name": "Candidate", "type": "integer",
          "jsonPath": ".status.tuning.candidate.maxNumBatchedTokens",
          "description": "--max-num-batched-tokens of the candidate on trial (the canary pod's)."},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas",
+         "description": "Pods now (stable and canary)."},
+        {"name": "Capacity", "type": "number", "jsonPath": ".status.capacity.perReplicaRps",
+         "priority": 1, "description": "Requests/s one replica serves within the SLO."},
         _AGE,
     ]  # fmt: skip
     return _crd(
@@ -258,6 +272,7 @@ def deployment_crd() -> dict[str, Any]:
             CHILD_NAME,
         ),
         columns=columns,
+        subresources={"status": {}, "scale": SCALE_SUBRESOURCE},
     )
 
 

@@ -511,6 +511,26 @@ class RolloutStrategy(SpecModel):
         return self
 
 
+AutoscalingTarget = Literal["VLLMDeployment", "Deployment"]
+
+
+class AutoscalingSpec(SpecModel):
+    """Whether a replica autoscaler (HPA, KEDA, llm-d's) owns the replica count, and which
+    object it scales. The operator never writes a replica count that an autoscaler owns
+    (docs/autoscaling.md)."""
+
+    target: AutoscalingTarget | None = Field(
+        default=None,
+        description="Unset: no autoscaler; spec.replicas is yours (Git). VLLMDeployment: an "
+        "autoscaler writes spec.replicas here through the scale subresource; the operator "
+        "splits it between the stable and canary Deployments. Deployment: an autoscaler scales "
+        "the owned Deployment itself; the operator never sets its spec.replicas (spec.replicas "
+        "here is only the size it is created with), and a canary is one extra pod, so it needs "
+        "rollout.maxSurge (without surge trials are rolling). With either, the tuner counts a "
+        "capacity gain as the replicas the autoscaler will save.",
+    )
+
+
 class VLLMDeploymentSpec(SpecModel):
     """What the app team asks for."""
 
@@ -534,7 +554,13 @@ class VLLMDeploymentSpec(SpecModel):
     image_pull_secrets: list[LocalObjectReference] = Field(
         default_factory=list, alias="imagePullSecrets", max_length=16
     )
-    replicas: int = Field(default=1, ge=0, le=64)
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="Pods (the scale subresource's spec replicas). With autoscaling.target "
+        "Deployment, only the size the owned Deployment is created with.",
+    )
     gpu: GPUSpec = section(GPUSpec)
     placement: Placement = section(Placement)
     engine: EngineSpec = section(EngineSpec)
@@ -545,6 +571,7 @@ class VLLMDeploymentSpec(SpecModel):
     pod: PodSettings = section(PodSettings)
     service: ServiceSpec = section(ServiceSpec)
     rollout: RolloutStrategy = section(RolloutStrategy)
+    autoscaling: AutoscalingSpec = section(AutoscalingSpec)
 
     @model_validator(mode="after")
     def _tp_le_gpu_count(self) -> VLLMDeploymentSpec:

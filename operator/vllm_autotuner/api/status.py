@@ -192,6 +192,50 @@ class ObservedMetrics(StatusModel):
     )
 
 
+class CapacityStatus(StatusModel):
+    """What one replica can carry: the number a replica autoscaler divides the load by."""
+
+    per_replica_rps: float | None = Field(
+        default=None,
+        alias="perReplicaRps",
+        ge=0,
+        description="Requests/s one replica serves within the SLO (with the policy's safety "
+        "margin) with the applied knobs, from the performance model calibrated on this "
+        "deployment's own metrics. Scale on load / perReplicaRps.",
+    )
+    knobs: Knobs | None = Field(default=None, description="The knobs it is for.")
+    source: Literal["Model", "Verified", "Trial"] | None = Field(
+        default=None,
+        description="Model: predicted for the applied knobs from the latest window. Verified: "
+        "measured when these knobs were committed (until the next window is judged). Trial: the "
+        "lower of the last good knobs' and the candidate's while a trial runs on every pod.",
+    )
+    time: Timestamp | None = None
+
+
+class ScalingStatus(StatusModel):
+    """How the replica count moves (an autoscaler, or a person): the tuner holds its verdicts
+    while it moves and never judges a window that spans a change."""
+
+    owner: Literal["VLLMDeployment", "Deployment"] | None = Field(
+        default=None,
+        description="Where the replica count lives: spec.replicas of the VLLMDeployment, or the "
+        "owned Deployment's (an autoscaler on it; the operator leaves it alone).",
+    )
+    replicas: int | None = Field(default=None, ge=0, description="The count asked for now.")
+    previous_replicas: int | None = Field(
+        default=None, alias="previousReplicas", ge=0, description="The count before the change."
+    )
+    changed_at: Timestamp | None = Field(
+        default=None, alias="changedAt", description="When the operator saw the count change."
+    )
+    settled_at: Timestamp | None = Field(
+        default=None,
+        alias="settledAt",
+        description="When the pods reached the count after the change (absent while it moves).",
+    )
+
+
 class HandledRequests(StatusModel):
     """The one-shot requests (annotations vllm.autotuner.io/promote, abort, retry) the operator
     has acted on, by their values: a request whose value is here is never acted on again."""
@@ -206,7 +250,14 @@ class VLLMDeploymentStatus(StatusModel):
 
     observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0)
     conditions: list[Condition] = conditions_field()
-    replicas: int | None = Field(default=None, ge=0)
+    replicas: int | None = Field(
+        default=None, ge=0, description="Pods now, stable and canary (the scale subresource's)."
+    )
+    selector: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Label selector of every pod (the scale subresource's, for HPA and KEDA).",
+    )
     ready_replicas: int | None = Field(default=None, alias="readyReplicas", ge=0)
     updated_replicas: int | None = Field(default=None, alias="updatedReplicas", ge=0)
     policy: str | None = Field(default=None, max_length=253, description="Resolved policy name.")
@@ -219,6 +270,8 @@ class VLLMDeploymentStatus(StatusModel):
         "rolled out until it is removed.",
     )
     handled_requests: HandledRequests | None = Field(default=None, alias="handledRequests")
+    capacity: CapacityStatus | None = None
+    scaling: ScalingStatus | None = None
 
 
 class VLLMTuningPolicyStatus(StatusModel):

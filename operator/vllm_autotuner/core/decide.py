@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from vllm_autotuner.core.autoscaling import scale_wait
 from vllm_autotuner.core.canary import judge_canary, miss_share
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
 from vllm_autotuner.core.economics import Headroom, Worth, headroom, worth_restart
@@ -100,6 +101,9 @@ def decide(
             "hold",
             f"mode Off: tuning disabled; running {state.applied.describe()}",
         )
+    waits = scale_wait(state, obs, policy, now)  # a moving replica count is not a knob effect
+    if waits is not None:
+        return _done(waits.state, now, waits.action, waits.reason)
     if state.phase in TRIAL_PHASES:
         if policy.mode != "Auto":
             return _done(

@@ -10,6 +10,11 @@ Pure arithmetic on the model's per-pod capacities (requests/s within the SLO):
   the time the new knobs will be kept, at the load that matters: the current one, or the
   highest seen lately when that is higher (a change must hold at the peak, not only at today's
   trough).
+- **Gain beside a replica autoscaler** (`ctx.autoscaled`): the autoscaler keeps each pod below
+  its capacity, so more capacity serves no more requests; it frees replicas. At load L, a
+  replica count that follows L ÷ capacity drops by the share 1 - capacity_now ÷ capacity_new,
+  so the gain is that share of the requests over the keep time (the GPU time that served them,
+  counted in requests as the cost is).
 - **Headroom**: without surge, a restart takes one ready pod out; the others must carry its
   traffic within the SLO for the load time.
 """
@@ -92,6 +97,8 @@ def worth_restart(
     gain = gain_requests(capacity_now, capacity_new, rate_ref, ctx.replicas, keep)
     if miss_share > 0 and capacity_new >= rate_now:
         gain = max(gain, rate_now * miss_share * max(1, ctx.replicas) * keep)
+    if ctx.autoscaled:
+        gain = max(gain, replicas_freed_requests(capacity_now, capacity_new, rate_now, ctx, keep))
     cost = cost_requests(ctx, strategy, rate_now)
     n = restarts(ctx, strategy)
     how = (
@@ -104,7 +111,25 @@ def worth_restart(
         f"{rate_ref:.2f} req/s/pod (capacity {capacity_now:.2f} -> {capacity_new:.2f} "
         f"req/s/pod) vs restart cost {cost:,.0f} requests ({how})"
     )
+    if ctx.autoscaled and capacity_new > capacity_now > 0:
+        saved = 100.0 * (1.0 - capacity_now / capacity_new)
+        text += f"; beside the replica autoscaler, {saved:.0f}% fewer replicas at the same load"
     return Worth(gain > cost and gain > 0, gain, cost, keep, text)
+
+
+def replicas_freed_requests(
+    capacity_now: float,
+    capacity_new: float,
+    rate_per_pod: float,
+    ctx: DeploymentContext,
+    keep_s: float,
+) -> float:
+    """Beside a replica autoscaler: the requests over `keep_s` whose GPU time the new knobs
+    free (the replicas the autoscaler gives back), the load times the share saved."""
+    if capacity_new <= capacity_now or capacity_new <= 0 or capacity_now <= 0:
+        return 0.0
+    load = max(0.0, rate_per_pod) * max(1, ctx.replicas)
+    return load * keep_s * (1.0 - capacity_now / capacity_new)
 
 
 @dataclass(frozen=True)

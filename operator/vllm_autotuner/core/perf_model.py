@@ -321,7 +321,7 @@ class AnalyticModel:
             fit += [_SHAPE_WEIGHT * (st.itl_below(b) - f) for b, f in shape]
             return fit + prior_terms
 
-        x0 = _params(cal)
+        x0 = _params(Calibration())
         x = _least_squares(residuals, x0)
         fit = replace(_with_params(cal, x), fitted=True)
         st = evaluate(x)

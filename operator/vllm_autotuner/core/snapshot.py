@@ -198,6 +198,25 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Scaling:
+    """The replica count's last change (by an autoscaler or a person) as the operator saw it:
+    `changed_at` when the count became `replicas` (from `previous`), `settled_at` when the
+    ready pods last reached the count (before `changed_at`: an earlier change's, so the count
+    still moves). No change seen yet: both None."""
+
+    replicas: int
+    previous: int | None = None
+    changed_at: datetime | None = None
+    settled_at: datetime | None = None
+
+    @property
+    def moving(self) -> bool:
+        if self.changed_at is None:
+            return False
+        return self.settled_at is None or self.settled_at < self.changed_at
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything decide() sees of the outside world at one reconcile."""
 
@@ -206,6 +225,8 @@ class Observation:
     # During a canary trial: `snapshot` covers the baseline pods and `canary` the canary pod,
     # over the same window, so that the two are compared under the same traffic.
     canary: Snapshot | None = None
+    # How the replica count moves (core/autoscaling.py); None: nobody tracks it.
+    scaling: Scaling | None = None
 
 
 def _bad_numbers(obj: object, prefix: str = "") -> list[str]:

@@ -48,6 +48,7 @@ _Z_PROMPT: FloatArray = _RNG.standard_normal(_MAX_ARRIVALS)
 _Z_STEP: FloatArray = _RNG.standard_normal(STEPS * 4)
 _Z_RUN: FloatArray = _RNG.standard_normal(STEPS * 4)
 _WARMUP = 0.1  # the first tenth of the path fills an empty engine
+MIN_PATH_ARRIVALS = 20  # fewer arrivals in a path give no first-token statistics
 
 # Utilisation limits beyond which the steady state does not exist (queues grow without bound).
 MAX_TOKEN_UTIL = 0.97
@@ -201,6 +202,14 @@ def steady_state(
     t_steps, ttft_samples, prefill_mean = _sample_path(
         lam, traffic, p_mean, hit, r_eff, room, curve, t_mean, costs
     )
+    if lam * STEPS * t_mean < MIN_PATH_ARRIVALS:
+        # Arrivals this rare (none at all in the path below ~0.2 req/s on an 8B/H100) meet a
+        # lightly loaded engine: their first tokens are sampled on a path at the rate that
+        # holds MIN_PATH_ARRIVALS of them. Steps and gaps keep the true rate's path.
+        lam_ttft = MIN_PATH_ARRIVALS / (STEPS * t_mean)
+        _, ttft_samples, prefill_mean = _sample_path(
+            lam_ttft, traffic, p_mean, hit, r_eff, room, curve, t_mean, costs
+        )
     warm = int(len(t_steps) * _WARMUP)
     body = t_steps[warm:]
     step_mean = float(body.mean())

@@ -46,7 +46,7 @@ def canary_running(state: TuningState) -> bool:
 def topology(state: TuningState, ctx: DeploymentContext) -> Topology:
     surge = max(0, ctx.rollout.max_surge)
     replicas = max(0, ctx.replicas)
-    if canary_running(state):
-        stable = replicas if surge > 0 else max(0, replicas - 1)
+    if canary_running(state) and replicas > 0:  # scaled to zero: no GPU, no canary either
+        stable = replicas if surge > 0 else replicas - 1
         return Topology(state.applied, stable, state.candidate, surge)
     return Topology(state.applied, replicas, None, surge)

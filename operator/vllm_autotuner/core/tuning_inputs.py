@@ -102,12 +102,18 @@ def pods_of(value: int | str, replicas: int) -> int:
     return math.ceil(replicas * int(value.rstrip("%")) / 100.0)
 
 
-def rollout_settings(spec: VLLMDeploymentSpec, load_time_s: float | None = None) -> RolloutSettings:
+def rollout_settings(
+    spec: VLLMDeploymentSpec, load_time_s: float | None = None, replicas: int | None = None
+) -> RolloutSettings:
+    """`replicas`: the count of the moment (an autoscaler's), spec.replicas by default. When
+    an autoscaler owns the Deployment's count, a canary is one pod beyond it, so it needs
+    surge; without surge trials are rolling."""
     r = spec.rollout
     defaults = RolloutSettings()
+    surge = pods_of(r.max_surge, spec.replicas if replicas is None else replicas)
     return RolloutSettings(
-        max_surge=pods_of(r.max_surge, spec.replicas),
-        canary=r.canary,
+        max_surge=surge,
+        canary=r.canary and (spec.autoscaling.target != "Deployment" or surge > 0),
         shutdown_timeout_s=float(r.shutdown_timeout_seconds),
         pre_stop_s=float(r.pre_stop_seconds),
         load_time_s=defaults.load_time_s if load_time_s is None else load_time_s,
@@ -115,8 +121,10 @@ def rollout_settings(spec: VLLMDeploymentSpec, load_time_s: float | None = None)
 
 
 def deployment_context(
-    spec: VLLMDeploymentSpec, load_time_s: float | None = None
+    spec: VLLMDeploymentSpec, load_time_s: float | None = None, replicas: int | None = None
 ) -> DeploymentContext:
+    """`replicas`: the replica count of the moment (core/autoscaling.replicas_now)."""
+    n = spec.replicas if replicas is None else replicas
     return DeploymentContext(
         model=spec.model,
         gpu_product=spec.gpu.product,
@@ -125,8 +133,9 @@ def deployment_context(
         max_model_len=spec.engine.max_model_len,
         kv_cache_dtype=spec.engine.kv_cache_dtype,
         enable_prefix_caching=spec.engine.enable_prefix_caching is not False,
-        replicas=spec.replicas,
-        rollout=rollout_settings(spec, load_time_s),
+        replicas=n,
+        rollout=rollout_settings(spec, load_time_s, n),
+        autoscaled=spec.autoscaling.target is not None,
     )
 
 

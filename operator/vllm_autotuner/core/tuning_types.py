@@ -236,6 +236,9 @@ class DeploymentContext:
     enable_prefix_caching: bool = True
     replicas: int = 1
     rollout: RolloutSettings = RolloutSettings()
+    # A replica autoscaler owns the count (spec.autoscaling.target): more capacity per replica
+    # means fewer replicas at the same load (core/economics.py).
+    autoscaled: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
 from prometheus_client import generate_latest
 
 from tests.support.cluster_api import CR, POLICY
+from tests.support.echo_kube import EchoKube, ready_pod
 from tests.support.fake_fleet import SyntheticSnapshots
 from vllm_autotuner.adapters.kube import KubeClient
 from vllm_autotuner.adapters.metrics import PHASES, OperatorMetrics
@@ -98,45 +98,9 @@ def test_slo_thresholds_follow_the_policy() -> None:
     assert series(m, "vllm_autotuner_slo_threshold_seconds") == []
 
 
-class Kube:
-    """Stands in for KubeClient: applies and status patches answer with what was sent."""
-
-    def __init__(self) -> None:
-        self.applied: list[dict[str, Any]] = []
-        self.conditions: dict[str, str] = {}
-
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        self.applied.append(manifest)
-        return manifest
-
-    async def merge_patch(
-        self, path: str, body: dict[str, Any], subresource: str | None = None
-    ) -> dict[str, Any]:
-        for cond in body["status"].get("conditions") or []:
-            self.conditions[cond["type"]] = cond["status"]
-        return {}
-
-
-def _pod(deployment: dict[str, Any]) -> dict[str, Any]:
-    template = deployment["spec"]["template"]["metadata"]
-    ready = (datetime.now(tz=UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "metadata": {
-            "name": "pod-1",
-            "namespace": "default",
-            "labels": dict(template["labels"]),
-            "annotations": dict(template["annotations"]),
-        },
-        "status": {
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ready}],
-            "containerStatuses": [{"name": "vllm", "ready": True, "restartCount": 0}],
-        },
-    }
-
-
 async def test_the_controller_publishes_phase_and_slo_met() -> None:
     metrics = OperatorMetrics()
-    kube = Kube()
+    kube = EchoKube()
     source = SyntheticSnapshots()
     controller = Controller(cast(KubeClient, kube), observer=Observer(source), metrics=metrics)
     body = copy.deepcopy(CR)
@@ -144,21 +108,27 @@ async def test_the_controller_publishes_phase_and_slo_met() -> None:
     name = body["metadata"]["name"]
     policies = {"default": copy.deepcopy(POLICY["spec"])}
 
-    async def reconcile(children: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+    async def reconcile(children: dict[str, Any], owned: tuple[Any, ...] = ()) -> None:
+        pods, sets = [p for p, _ in owned], [rs for _, rs in owned]
         await controller.reconcile(
-            body, policies=policies, namespace_labels={}, children=children, pods=pods
+            body,
+            policies=policies,
+            namespace_labels={},
+            children=children,
+            pods=pods,
+            replicasets=sets,
         )
 
-    await reconcile({"Deployment": None, "Service": None}, [])
+    await reconcile({"Deployment": None, "Service": None})
     phases = [p for p in PHASES if value(metrics, "vllm_autotuner_phase", namespace="default",
                                          deployment=name, phase=p) == 1.0]  # fmt: skip
     assert len(phases) == 1
     assert value(metrics, "vllm_autotuner_slo_met", namespace="default", deployment=name) is None
 
     deployment = next(m for m in kube.applied if m["kind"] == "Deployment")
-    await reconcile({"Deployment": deployment, "Service": None}, [_pod(deployment)])
+    await reconcile({"Deployment": deployment, "Service": None}, (ready_pod(deployment),))
     await controller.observer.refresh()
-    await reconcile({"Deployment": deployment, "Service": None}, [_pod(deployment)])
+    await reconcile({"Deployment": deployment, "Service": None}, (ready_pod(deployment),))
     met = value(metrics, "vllm_autotuner_slo_met", namespace="default", deployment=name)
     assert kube.conditions["SLOMet"] in ("True", "False")  # the window was usable
     assert met == (1.0 if kube.conditions["SLOMet"] == "True" else 0.0)

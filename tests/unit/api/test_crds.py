@@ -86,7 +86,24 @@ def test_names_and_scope(
     assert spec["names"]["categories"] == ["vllm"]
     (version,) = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == (VERSION, True, True)
-    assert version["subresources"] == {"status": {}}
+    if kind == "VLLMDeployment":
+        # HPA, KEDA and kubectl scale target the VLLMDeployment through /scale.
+        scale = version["subresources"]["scale"]
+        assert version["subresources"]["status"] == {}
+        assert scale == {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        }
+        for path in scale.values():
+            node = _resolve(version["schema"]["openAPIV3Schema"], path)
+            assert node is not None, path
+        replicas = _resolve(version["schema"]["openAPIV3Schema"], ".status.replicas")
+        selector = _resolve(version["schema"]["openAPIV3Schema"], ".status.selector")
+        assert replicas is not None and replicas["type"] == "integer"
+        assert selector is not None and selector["type"] == "string"
+    else:
+        assert version["subresources"] == {"status": {}}
 
 
 def _resolve(schema: dict[str, Any], json_path: str) -> dict[str, Any] | None:
@@ -108,8 +125,11 @@ def test_deployment_printer_columns(crds_by_kind: dict[str, dict[str, Any]]) -> 
     columns = {c["name"]: c for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert list(columns) == [
         "Model", "Mode", "Ready", "MNBT", "MNS", "GMU", "TTFT-P95", "ITL-P95", "SLO-Met",
-        "Phase", "Strategy", "Candidate", "Age",
+        "Phase", "Strategy", "Candidate", "Replicas", "Capacity", "Age",
     ]  # fmt: skip
+    assert columns["Replicas"]["jsonPath"] == ".status.replicas"
+    assert columns["Capacity"]["jsonPath"] == ".status.capacity.perReplicaRps"
+    assert columns["Capacity"]["priority"] == 1  # kubectl get -o wide
     assert columns["Model"]["jsonPath"] == ".spec.model"
     assert columns["Mode"]["jsonPath"] == ".spec.tuning.mode"
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'

@@ -8,41 +8,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from tests.support.cluster_api import CR, POLICY
+from tests.support.echo_kube import EchoKube, ready_pod
 from tests.support.fake_fleet import SyntheticSnapshots
-from tests.unit.adapters.test_operator_metrics import _pod
 from vllm_autotuner.adapters.kube import KubeClient
 from vllm_autotuner.controller import Controller, Outcome
 from vllm_autotuner.core.commands import PAUSE_ANNOTATION, REQUEST_ANNOTATIONS
 from vllm_autotuner.observer import Observer
 
 
-class Kube:
-    """Applies are echoed; status patches are merged into a status the next reconcile reads."""
-
-    def __init__(self) -> None:
-        self.applied: list[dict[str, Any]] = []
-        self.status: dict[str, Any] = {}
-
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        self.applied.append(manifest)
-        return manifest
-
-    async def merge_patch(
-        self, path: str, body: dict[str, Any], subresource: str | None = None
-    ) -> dict[str, Any]:
-        for key, value in body["status"].items():
-            if value is None:
-                self.status.pop(key, None)
-            else:
-                self.status[key] = copy.deepcopy(value)
-        return {}
-
-
 class Rig:
-    """A CR in mode Auto whose ITL is over the SLO: the tuner wants to roll out at once."""
+    """A CR in mode Auto whose ITL is over the SLO, with a surge pod for rollouts (headroom):
+    the tuner wants to roll out at once."""
 
     def __init__(self) -> None:
-        self.kube = Kube()
+        self.kube = EchoKube()
         self.now = datetime.now(UTC)
         source = SyntheticSnapshots(rate=10.0)
         observer = Observer(source, clock=lambda: self.now)
@@ -51,6 +30,7 @@ class Rig:
         )
         self.body = copy.deepcopy(CR)
         self.body["spec"]["tuning"]["mode"] = "Auto"
+        self.body["spec"]["rollout"] = {"maxSurge": 1, "maxUnavailable": 0}
         self.body["metadata"].update(
             namespace="default", uid="u-1", resourceVersion="5", generation=1, annotations={}
         )
@@ -59,10 +39,11 @@ class Rig:
         self.body["status"] = copy.deepcopy(self.kube.status)
         deployments = [m for m in self.kube.applied if m["kind"] == "Deployment"]
         children: dict[str, Any] = {"Deployment": None, "Service": None}
-        pods = []
+        pods, sets = [], []
         if deployments:
             children["Deployment"] = deployments[-1]
-            pods = [_pod(deployments[-1])]
+            pod, replicaset = ready_pod(deployments[-1])
+            pods, sets = [pod], [replicaset]
             await self.controller.observer.refresh()
         outcome = await self.controller.reconcile(
             self.body,
@@ -70,6 +51,7 @@ class Rig:
             namespace_labels={},
             children=children,
             pods=pods,
+            replicasets=sets,
         )
         self.now += timedelta(minutes=10)
         return outcome

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.unit.core.shared_model import SharedModel
 from vllm_autotuner.core.decide import Decision, decide
-from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.snapshot import (
     KVCacheInfo,
     LatencySummary,
@@ -140,7 +140,7 @@ def run(
         policy or make_policy(),
         CTX,
         now,
-        AnalyticModel(),
+        SharedModel(),
     )
 
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tests.unit.core.shared_model import SharedModel, scaled
 from tests.unit.core.test_decide import CTX, NOW, make_policy, make_snapshot
 from vllm_autotuner.core.decide import Decision, decide
-from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.rollout import roll_day
 from vllm_autotuner.core.search import is_forbidden
 from vllm_autotuner.core.snapshot import Observation, Snapshot
@@ -172,7 +172,7 @@ def scenario(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @settings(
-    max_examples=200,
+    max_examples=scaled(200),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -182,14 +182,14 @@ def test_decide_is_safe(sc: dict[str, Any]) -> None:
     policy = sc["policy"]
     obs: Observation = sc["obs"]
     now: datetime = sc["now"]
-    d = decide(state, obs, policy, CTX, now, AnalyticModel())
+    d = decide(state, obs, policy, CTX, now, SharedModel())
     event(d.action)
 
     # Determinism: the same inputs give the same decision.
-    assert decide(state, obs, policy, CTX, now, AnalyticModel()) == d
+    assert decide(state, obs, policy, CTX, now, SharedModel()) == d
     # A remembered search of the same evidence stands in for the search, changing nothing.
     if d.search_memo is not None:
-        assert decide(state, obs, policy, CTX, now, AnalyticModel(), memo=d.search_memo) == d
+        assert decide(state, obs, policy, CTX, now, SharedModel(), memo=d.search_memo) == d
     assert_safe(d, state, obs, policy, now)
 
 
@@ -240,7 +240,7 @@ def assert_safe(
 
 
 @settings(
-    max_examples=150,
+    max_examples=scaled(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -262,7 +262,7 @@ def test_a_remembered_search_never_smuggles_in_an_unsafe_candidate(
         snap = replace(snap, knobs=state.applied, completed_requests=5000)
         obs = Observation(snap, (PodHealth(ready=True, revision_knobs=state.applied),))
         policy = replace(policy, mode=data.draw(st.sampled_from(["Recommend", "Auto"])))
-    first = decide(state, obs, policy, CTX, now, AnalyticModel())
+    first = decide(state, obs, policy, CTX, now, SharedModel())
     memo = first.search_memo
     if memo is None:
         return
@@ -276,7 +276,7 @@ def test_a_remembered_search_never_smuggles_in_an_unsafe_candidate(
         conclusion=f"forged {rogue.describe()}",
     )
     later = now + timedelta(seconds=data.draw(st.integers(0, 400)))
-    d = decide(state, obs, policy, CTX, later, AnalyticModel(), memo=forged)
+    d = decide(state, obs, policy, CTX, later, SharedModel(), memo=forged)
     event(f"memo reused: {forged.conclusion in d.reason}")
     assert_safe(d, state, obs, policy, later)
 
@@ -301,7 +301,7 @@ def test_cooldown_and_budget_over_a_sequence_of_reconciles(max_per_day: int, gap
         if cand is not None:
             pods = (PodHealth(ready=False, waiting_reason="CrashLoopBackOff", revision_knobs=cand),)
         snap = violating_snapshot(state.applied, time=now)
-        d = decide(state, Observation(snap, pods), policy, CTX, now, AnalyticModel())
+        d = decide(state, Observation(snap, pods), policy, CTX, now, SharedModel())
         if d.action == "rollout":
             starts.append(now)
         state = d.new_state

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 
+from tests.unit.core.shared_model import SharedModel
 from tests.unit.core.test_decide import (
     CTX,
     KNOBS,
@@ -21,7 +22,7 @@ from tests.unit.core.test_decide import (
     violating_snapshot,
 )
 from vllm_autotuner.core.decide import Decision, decide
-from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Prediction, Workload
+from vllm_autotuner.core.perf_model import Calibration, Prediction, Workload
 from vllm_autotuner.core.search_memo import DRIFT, SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot
 from vllm_autotuner.core.tuning_types import (
@@ -33,14 +34,18 @@ from vllm_autotuner.core.tuning_types import (
 )
 
 
-class CountingModel(AnalyticModel):
+class CountingModel(SharedModel):
+    """Counts the predictions decide() asks for (the real model's answers, shared)."""
+
     def __init__(self) -> None:
         super().__init__("H100")
         self.predictions = 0
 
-    def predict(self, knobs: Knobs, workload: Workload, calibration: Calibration) -> Prediction:
+    def predict(
+        self, knobs: Knobs, workload: Workload, calibration: Calibration, capacity: bool = True
+    ) -> Prediction:
         self.predictions += 1
-        return super().predict(knobs, workload, calibration)
+        return super().predict(knobs, workload, calibration, capacity)
 
 
 STATE = replace(TuningState.initial(KNOBS), phase="Observing")

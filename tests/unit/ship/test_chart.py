@@ -298,6 +298,7 @@ def test_service_monitor_scrapes_the_operator_metrics_service() -> None:
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True  # `namespace` is the VLLMDeployment's (autoscaling)
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [chart.NAMESPACE]}
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     # The Service must reach the operator pods and their metrics port.

@@ -1,0 +1,268 @@
+"""The V1 scheduler in steady state (core/steady_state.py): monotone where physics is.
+
+On the deployment's roofline (Llama-3.1-8B on an H100, the prior efficiencies), for any
+traffic and knobs:
+- more traffic never shortens steps or the mean and median inter-token gap (within the
+  noise of one sample path). The tail percentiles (ITL p90-p99, TTFT) are NOT monotone in
+  the model: strict xfails below record by how much;
+- a smaller token budget never lengthens the longest inter-token gap at the same rate (a
+  step carries at most a budget of prefill). It does not shorten every tail percentile: it
+  spreads each prefill over more steps (strict xfail below, with the measured numbers);
+- quantiles are ordered, `itl_below` is the inverse of `itl`;
+- the steady state exists only inside the utilisation limits, each named when it fails:
+  max_num_seqs, the KV cache, the token budget.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from tests.unit.core.test_decide import CTX, KNOBS, SLO_DEFAULT, make_snapshot
+from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Workload, _costs
+from vllm_autotuner.core.physics import lognormal_sigma
+from vllm_autotuner.core.steady_state import (
+    MAX_SEQ_UTIL,
+    MAX_TOKEN_UTIL,
+    Knobs3,
+    SteadyState,
+    StepCurve,
+    Traffic,
+    steady_state,
+)
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+# One sample path: "non-decreasing" holds up to this relative noise (TTFT: plus 2 ms).
+# Measured worst decrease over 2,500 random pairs (rate x 1.02-1.5): step mean 0.3%, ITL
+# mean 2.4% (0.13 running: the per-step decode count is clipped at one), ITL p50 0.3%.
+# The tail percentiles are not monotone (strict xfails below, with the numbers).
+STEP_NOISE = 0.03
+TTFT_NOISE = 0.05
+
+
+def curve_at() -> StepCurve:
+    model = AnalyticModel()
+    model.bind(CTX)
+    return model._curve_at(Calibration())
+
+
+CURVE = curve_at()
+COSTS = _costs(Calibration(admit_s=0.0002))
+
+
+def traffic(rate: float, prompt: float, gen: float, hit: float = 0.0) -> Traffic:
+    return Traffic(
+        rate=rate,
+        prompt_mean=prompt,
+        prompt_sigma=lognormal_sigma(prompt, 2.0 * prompt),
+        gen_mean=gen,
+        gen_p90=2.0 * gen,
+        prefix_hit_rate=hit,
+    )
+
+
+def state(t: Traffic, budget: int = 8192, seqs: int = 1024, kv: float | None = 4e5) -> SteadyState:
+    return steady_state(t, Knobs3(budget, seqs, kv), CURVE, COSTS)
+
+
+workloads = st.tuples(
+    st.sampled_from([200.0, 600.0, 2000.0, 6000.0]),  # prompt mean
+    st.sampled_from([50.0, 250.0, 800.0]),  # output mean
+    st.sampled_from([0.0, 0.5]),  # prefix-cache hit rate
+)
+
+
+# ------------------------------------------------------------------------------------- tables
+
+
+def test_light_traffic_is_stable_and_decode_bound() -> None:
+    s = state(traffic(0.5, 600.0, 250.0))
+    assert s.stable and s.why == ""
+    assert 0.005 < s.step_mean_s < 0.03  # an 8B decode step on an H100: ~7-15 ms
+    assert s.itl(0.5) <= s.itl(0.99)
+    assert s.token_util < 0.2 and s.seq_util < 0.2
+
+
+@pytest.mark.parametrize(
+    ("t", "knobs", "why"),
+    [
+        (traffic(200.0, 600.0, 250.0), Knobs3(8192, 64, None), "max_num_seqs"),
+        (traffic(1.0, 600.0, 2000.0), Knobs3(8192, 1024, 5e4), "KV cache"),
+        (traffic(20.0, 6000.0, 10.0), Knobs3(1024, 1024, None), "token budget"),
+    ],
+)
+def test_each_limit_is_named_when_the_steady_state_does_not_exist(
+    t: Traffic, knobs: Knobs3, why: str
+) -> None:
+    s = steady_state(t, knobs, CURVE, COSTS)
+    assert not s.stable and why in s.why
+    assert math.isinf(s.itl(0.95)) and math.isinf(s.ttft(0.5)) and s.itl_below(1.0) == 0.0
+    if why == "max_num_seqs":
+        assert s.seq_util >= MAX_SEQ_UTIL
+    if why == "token budget":
+        assert s.token_util >= MAX_TOKEN_UTIL
+
+
+# --------------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=60, deadline=None)
+@given(w=workloads, r1=st.floats(0.05, 40.0), factor=st.floats(1.05, 3.0))
+def test_more_traffic_never_shortens_steps_gaps_or_first_tokens(
+    w: tuple[float, float, float], r1: float, factor: float
+) -> None:
+    """Utilisations, steps and gaps (mean, median), within STEP_NOISE; finite first tokens.
+    The tails are not monotone in the model (strict xfails below)."""
+    prompt, gen, hit = w
+    lo, hi = state(traffic(r1, prompt, gen, hit)), state(traffic(r1 * factor, prompt, gen, hit))
+    assert hi.token_util >= lo.token_util and hi.seq_util >= lo.seq_util
+    assert hi.kv_util >= lo.kv_util
+    if not lo.stable:
+        assert not hi.stable  # past a limit at one rate, past it at any higher rate
+        return
+    assume(hi.stable)
+    assert hi.step_mean_s >= lo.step_mean_s * (1 - STEP_NOISE)
+    assert hi.itl_mean_s >= lo.itl_mean_s * (1 - STEP_NOISE)
+    assert hi.itl(0.5) >= lo.itl(0.5) * (1 - STEP_NOISE)
+    assert math.isfinite(lo.ttft(0.99)) and math.isfinite(hi.ttft(0.99))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="found by hypothesis: with 2-3 requests running and 2,000-6,000-token prompts, the "
+    "mean ITL falls by up to 5 % for 5-6 % more traffic (0.01474 -> 0.01398 s at 6.25 -> 6.64 "
+    "req/s, 6,000-token prompts; 0.00908 -> 0.00877 s at 8.06 -> 8.47 req/s, 2,000): the "
+    "path's few prefill-carrying steps weigh on the mean by whole steps (sample-path noise).",
+)
+def test_the_mean_gap_never_falls_with_more_traffic_when_few_requests_run() -> None:
+    for prompt, r1, factor in ((6000.0, 6.25, 1.0625), (2000.0, 8.0625, 1.05078125)):
+        lo, hi = (state(traffic(r, prompt, 50.0)) for r in (r1, r1 * factor))
+        assert lo.stable and hi.stable
+        assert hi.itl_mean_s >= lo.itl_mean_s * (1 - STEP_NOISE), (prompt, r1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured (2000-token prompts, 50-token outputs): 8.586 -> 9.154 req/s: ITL p95 "
+    "11.26 -> 8.54 ms (0.78x), TTFT p95 160.9 -> 149.7 ms; 16.85 -> 20.27 req/s (214 "
+    "arrivals in the path): TTFT p90 226.8 -> 158.9 ms (0.70x). Worst over 2,500 random "
+    "pairs: ITL p90 0.957x, p95 0.779x, p99 0.621x; TTFT (>= 200 arrivals) p50 0.891x, p90 "
+    "0.712x, p95 0.796x, p99 0.656x. A 1,000-step path has few prefill-carrying steps and few "
+    "arrivals: the tail percentiles the SLOs name move by whole steps.",
+)
+def test_the_tail_percentiles_never_fall_with_more_traffic() -> None:
+    for rates in ((8.586, 9.154), (16.85, 20.27)):
+        lo, hi = (state(traffic(r, 2000.0, 50.0)) for r in rates)
+        assert lo.stable and hi.stable
+        for q in (0.9, 0.95, 0.99):
+            assert hi.itl(q) >= lo.itl(q) * (1 - STEP_NOISE), (rates, q)
+            assert hi.ttft(q) >= lo.ttft(q) * (1 - TTFT_NOISE) - 0.002, (rates, q)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured: the path is 1,000 steps whatever the rate, so TTFT quantiles come from "
+    "rate x 1000 x step arrivals: 28 at 4.34 req/s on an 8B/H100 (6.4 ms steps). From 4.34 "
+    "to 5.42 req/s (600-token prompts, 50-token outputs) TTFT p50 falls 27.0 -> 20.0 ms and "
+    "p99 76.2 -> 36.1 ms. Over 24 workloads x 31 rate steps of 25%, TTFT fell with more "
+    "traffic 980 times where the path had < 200 arrivals (down to 0.47x), 7 times above "
+    "(p99 down to 0.78x, p95 to 0.96x).",
+)
+def test_first_tokens_are_not_noise_at_a_few_requests_per_second() -> None:
+    rate = 0.05 * 1.25**20  # 4.34 req/s
+    lo, hi = state(traffic(rate, 600.0, 50.0)), state(traffic(rate * 1.25, 600.0, 50.0))
+    for q in QUANTILES:
+        assert hi.ttft(q) >= lo.ttft(q) * (1 - TTFT_NOISE) - 0.002, q
+
+
+def test_a_quiet_pod_has_a_finite_first_token_time_and_a_capacity() -> None:
+    """Bug (fixed in steady_state._sample_path): below about 1 / (1000 steps x step time)
+    (0.17 req/s on an 8B/H100) the path held no arrival, TTFT was infinite although the
+    state was stable, and the model gave such a pod a capacity of 0 req/s (22 at 0.2)."""
+    s = state(traffic(0.05, 600.0, 250.0))
+    assert s.stable and math.isfinite(s.ttft(0.95)) and s.ttft(0.95) < 1.0
+    model = AnalyticModel()
+    snap = make_snapshot(rate=0.5, itl_mean=8.0, itl_p95=10.0, running_max=3.0)
+    w = Workload.from_snapshot(snap, SLO_DEFAULT, 0.9)
+    cal = model.calibrate(snap, KNOBS, CTX, w, None)
+    quiet, busier = model.predict(KNOBS, w.at_rate(0.1), cal), model.predict(KNOBS, w, cal)
+    assert quiet.meets_slo and math.isfinite(quiet.ttft_ms)
+    assert quiet.capacity_rps == pytest.approx(busier.capacity_rps, rel=0.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    w=workloads,
+    rate=st.floats(0.05, 40.0),
+    budgets=st.tuples(st.sampled_from([512, 1024, 2048, 4096]), st.sampled_from([2, 4, 8])),
+)
+def test_a_smaller_budget_never_lengthens_the_longest_gap(
+    w: tuple[float, float, float], rate: float, budgets: tuple[int, int]
+) -> None:
+    """The longest step carries at most a budget of prefill. Within 1%: the running set's
+    size is drawn per step around its mean, which moved the longest gap by 0.3% in 2 of
+    1,842 stable grid points (prompt 600, output 800, 10 req/s, 512 vs 1024 tokens)."""
+    prompt, gen, hit = w
+    small, factor = budgets
+    t = traffic(rate, prompt, gen, hit)
+    a, b = state(t, budget=small, seqs=256), state(t, budget=small * factor, seqs=256)
+    assume(a.stable and b.stable)
+    assert a.itl(1.0) <= b.itl(1.0) * 1.01
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured: 6000-token prompts at 5 req/s: budget 4096 -> ITL p95 78.7 ms, budget "
+    "32768 -> 8.8 ms (p99 92.6 vs 175.0 ms, longest 96.9 vs 997.3 ms). A small budget "
+    "spreads each prefill over more steps: more than 5% of the gaps then carry a chunk. "
+    "Over a grid of 3,684 stable (workload, rate, budget pair, p95|p99) points the p95/p99 "
+    "was longer with the smaller budget in 745, by up to 8.9x.",
+)
+def test_a_smaller_budget_shortens_the_itl_p95() -> None:
+    """The brief's "smaller budget -> shorter ITL tail", at the SLO's usual percentile."""
+    t = traffic(5.0, 6000.0, 50.0)
+    small, large = state(t, budget=4096, seqs=256), state(t, budget=32768, seqs=256)
+    assert small.stable and large.stable
+    assert small.itl(0.95) <= large.itl(0.95)
+
+
+@settings(max_examples=60, deadline=None)
+@given(w=workloads, rate=st.floats(0.05, 40.0))
+def test_quantiles_are_ordered_and_itl_below_inverts_itl(
+    w: tuple[float, float, float], rate: float
+) -> None:
+    prompt, gen, hit = w
+    s = state(traffic(rate, prompt, gen, hit))
+    assume(s.stable)
+    itl = [s.itl(q) for q in QUANTILES]
+    ttft = [s.ttft(q) for q in QUANTILES]
+    assert itl == sorted(itl) and ttft == sorted(ttft)
+    assert s.itl(0.0) <= s.itl_mean_s <= s.itl(1.0)
+    for q in QUANTILES:
+        assert s.itl_below(s.itl(q)) >= q - 1e-9
+        assert 0.0 <= s.itl_below(s.itl(q)) <= 1.0
+    assert s.prefill_mean_s <= s.ttft(0.99)
+    assert s.running <= 1024 and s.token_util < MAX_TOKEN_UTIL and s.seq_util < MAX_SEQ_UTIL
+
+
+@settings(max_examples=40, deadline=None)
+@given(w=workloads, rate=st.floats(0.05, 40.0), seqs=st.sampled_from([16, 64, 256]))
+def test_a_fixed_running_set_is_what_calibration_sees(
+    w: tuple[float, float, float], rate: float, seqs: int
+) -> None:
+    """Calibration fixes the running requests to the gauge's mean: the steady state then
+    always exists (the window ran it), and while prefill leaves room in the budget, more
+    running decodes never shorten a step. (A step that fills the budget holds the same
+    number of tokens whatever the mix: 0.08% shorter with 16 decodes than with 4 in one
+    overloaded example, 2000-token prompts at 36 req/s on 16 sequences.)"""
+    prompt, gen, hit = w
+    t = traffic(rate, prompt, gen, hit)
+    few = steady_state(t, Knobs3(8192, seqs, None), CURVE, COSTS, running=seqs / 4)
+    many = steady_state(t, Knobs3(8192, seqs, None), CURVE, COSTS, running=float(seqs))
+    assert few.stable and many.stable
+    assert many.running >= few.running
+    assume(many.token_util < 0.5)
+    assert many.itl(0.5) >= few.itl(0.5) * (1 - 1e-9)
