@@ -9,7 +9,7 @@ everything and fails the test if any process it started is still running.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -34,14 +34,16 @@ def _running(pids: set[int]) -> list[int]:
 
 @pytest.fixture
 def closed_loop(tmp_path: Path) -> Iterator[MakeLoop]:
-    """`closed_loop(sim_env=..., time_scale=...)` starts the cluster and the Service proxy; the
-    test applies its objects and starts the operator and load through the returned object.
-    Logs (operator.log, pods/, prometheus/) stay under the test's tmp_path for a post-mortem."""
+    """`closed_loop(sim_env=..., sim_env_by_labels=..., time_scale=...)` starts the cluster
+    and the Service proxy; the test applies its objects and starts the operator and load
+    through the returned object. Logs (operator.log, pods/, prometheus/) stay under the
+    test's tmp_path for a post-mortem."""
     loops: list[ClosedLoop] = []
 
     def make(
         sim_env: Mapping[str, str] | None = None,
         *,
+        sim_env_by_labels: Sequence[tuple[Mapping[str, str], Mapping[str, str]]] = (),
         time_scale: float = 5.0,
         reconcile_interval_s: float = 3.0,
         audit: bool = False,
@@ -49,6 +51,7 @@ def closed_loop(tmp_path: Path) -> Iterator[MakeLoop]:
         loop = ClosedLoop(
             tmp_path / f"cluster-{len(loops)}",
             sim_env=sim_env,
+            sim_env_by_labels=sim_env_by_labels,
             time_scale=time_scale,
             reconcile_interval_s=reconcile_interval_s,
             audit=audit,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from vllm_sim.workload import WorkloadSpec
 GROUP_PATH = "/apis/vllm.autotuner.io/v1alpha1"
 POLICY_PATH = f"{GROUP_PATH}/vllmtuningpolicies"
 KNOBS_ANNOTATION = "vllm.autotuner.io/knobs"
+DEPLOYMENT_LABEL = "vllm.autotuner.io/deployment"
+TRACK_LABEL = "vllm.autotuner.io/track"
 
 
 def cr_path(namespace: str) -> str:
@@ -60,6 +63,22 @@ class Completion:
     finished: float
     ok: bool
     error: str | None = None
+
+
+def completion_error(status: int, payload: bytes) -> str | None:
+    """Why a non-streamed completion failed, or None. A 200 can be a failure too: a server
+    that drains answers a new request at once as aborted (finish_reason "abort", no tokens)."""
+    if status != 200:
+        return f"HTTP {status}: {payload[:200]!r}"
+    try:
+        choices = json.loads(payload).get("choices") or []
+    except (ValueError, AttributeError):
+        return f"unreadable completion: {payload[:200]!r}"
+    if not choices:
+        return "a completion without choices"
+    if any(c.get("finish_reason") == "abort" for c in choices):
+        return "aborted by the server"
+    return None
 
 
 class LoadDriver:
@@ -96,6 +115,9 @@ class LoadDriver:
         with self._lock:
             return list(self._done)
 
+    def failures(self) -> list[Completion]:
+        return [c for c in self.completions() if not c.ok]
+
     def successes_since(self, t0: float) -> int:
         return sum(1 for c in self.completions() if c.ok and c.finished >= t0)
 
@@ -114,9 +136,8 @@ class LoadDriver:
         try:
             async with session.post(f"{self.url}/v1/completions", json=body) as response:
                 payload = await response.read()
-                ok = response.status == 200
-                if not ok:
-                    error = f"HTTP {response.status}: {payload[:200]!r}"
+                error = completion_error(response.status, payload)
+                ok = error is None
         except (aiohttp.ClientError, OSError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         with self._lock:
@@ -185,6 +206,7 @@ class ClosedLoop:
         namespace: str = "default",
         time_scale: float = 5.0,
         sim_env: Mapping[str, str] | None = None,
+        sim_env_by_labels: Sequence[tuple[Mapping[str, str], Mapping[str, str]]] = (),
         reconcile_interval_s: float = 3.0,
         min_window: str = "30s",
         audit: bool = False,
@@ -195,7 +217,12 @@ class ClosedLoop:
         self.reconcile_interval_s = reconcile_interval_s
         self.min_window = min_window
         self.cluster = LocalCluster(
-            workdir=workdir, time_scale=time_scale, speed=time_scale, sim_env=sim_env, audit=audit
+            workdir=workdir,
+            time_scale=time_scale,
+            speed=time_scale,
+            sim_env=sim_env,
+            sim_env_by_labels=sim_env_by_labels,
+            audit=audit,
         )
         self.proxy: ServiceProxy | None = None
         self.operator: subprocess.Popen[bytes] | None = None
@@ -332,7 +359,11 @@ class ClosedLoop:
         return condition(self.status(), cond_type)
 
     def events(self) -> list[dict[str, Any]]:
-        selector = urllib.parse.quote(f"involvedObject.name={self.name}")
+        return self.events_of(self.name)
+
+    def events_of(self, name: str) -> list[dict[str, Any]]:
+        """The Events of the objects named `name` in the namespace (any kind)."""
+        selector = urllib.parse.quote(f"involvedObject.name={name}")
         path = f"/api/v1/namespaces/{self.namespace}/events?fieldSelector={selector}"
         return list((self.get(path) or {}).get("items") or [])
 
@@ -346,6 +377,16 @@ class ClosedLoop:
         """The knobs the Deployment's pod template runs (the operator's annotation on it)."""
         template = (self.deployment().get("spec") or {}).get("template") or {}
         return ((template.get("metadata") or {}).get("annotations") or {}).get(KNOBS_ANNOTATION)
+
+    def canary(self) -> dict[str, Any] | None:
+        """The canary Deployment (`<name>-canary`), while one runs."""
+        return self.get(f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{self.name}-canary")
+
+    def pods(self) -> list[dict[str, Any]]:
+        """Every pod of the VLLMDeployment (stable and canary, terminating ones included)."""
+        selector = urllib.parse.quote(f"{DEPLOYMENT_LABEL}={self.name}")
+        path = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}"
+        return list((self.get(path) or {}).get("items") or [])
 
     def replicasets(self) -> list[dict[str, Any]]:
         """The Deployment's ReplicaSets: one per pod template it ever ran (its revisions)."""
@@ -382,6 +423,40 @@ class ClosedLoop:
         except OSError:
             return "(no operator log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One pod as a person checks it with kubectl: which, where from, on what, alive how."""
+
+    name: str
+    uid: str
+    start_time: str | None
+    knobs: str | None
+    canary: bool
+    ready: bool
+    terminating: bool
+    restarts: int
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any]) -> PodView:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        return cls(
+            name=str(meta.get("name")),
+            uid=str(meta.get("uid")),
+            start_time=status.get("startTime"),
+            knobs=(meta.get("annotations") or {}).get(KNOBS_ANNOTATION),
+            canary=(meta.get("labels") or {}).get(TRACK_LABEL) == "canary",
+            ready=ready,
+            terminating=bool(meta.get("deletionTimestamp")),
+            restarts=sum(
+                int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or []
+            ),
+        )
 
 
 def process_gone(pid: int) -> bool:

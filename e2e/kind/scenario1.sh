@@ -20,7 +20,7 @@ report() {
 
 pods_ready() {
   [[ "$(k -n "${NAMESPACE}" get deployment "${NAME}" \
-    -o jsonpath='{.status.availableReplicas}' 2>/dev/null)" == "1" ]]
+    -o jsonpath='{.status.availableReplicas}' 2>/dev/null)" == "2" ]]
 }
 
 committed_trials() {
@@ -36,7 +36,7 @@ converged() {
   phase="$(k -n "${NAMESPACE}" get "${CR}" -o jsonpath='{.status.tuning.phase}')"
   log "phase=${phase:-?} SLOMet=${met:-?} committed=$(committed_trials)"
   [[ "${met}" == "True" && "$(committed_trials)" -ge 1 ]] \
-    && [[ "${phase}" != "RollingOut" && "${phase}" != "Verifying" ]]
+    && [[ "${phase}" != "RollingOut" && "${phase}" != "Verifying" && "${phase}" != "Promoting" ]]
 }
 
 log "applying the policy and the VLLMDeployment"

@@ -23,7 +23,9 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--time-scale", type=POSITIVE, default=5.0, help="simulated seconds per wall second"
     )
-    p.add_argument("--rate", type=POSITIVE, default=5.0, help="requests per simulated second")
+    p.add_argument(
+        "--rate", type=POSITIVE, default=5.0, help="requests per simulated second, all pods"
+    )
     p.add_argument("--workload", default="rag", help="vllm-sim workload preset")
     p.add_argument(
         "--max-minutes", type=POSITIVE, default=10.0, help="give up converging after this long"

@@ -24,7 +24,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
@@ -43,8 +43,11 @@ class LocalCluster:
     `time_scale` is the simulator's virtual seconds per wall second (VLLM_SIM_TIME_SCALE of every
     pod); `speed` divides the kubelet's crash back-off, so a demo at 10x does not wait minutes
     for a CrashLoopBackOff. `sim_env` adds VLLM_SIM_* settings (e.g. the GPU or the OOM hazard)
-    to every pod; a pod's own env wins. `run_any_command` lets pods run commands other than
-    `vllm serve` (tests with plain processes); `max_grace_s` caps grace periods.
+    to every pod; a pod's own env wins. `sim_env_by_labels` adds settings to the pods whose
+    labels include a selector's only (e.g. a slower GPU under the canary pod:
+    `((({"vllm.autotuner.io/track": "canary"}, {"VLLM_SIM_BANDWIDTH_EFFICIENCY": "0.3"}),)`).
+    `run_any_command` lets pods run commands other than `vllm serve` (tests with plain
+    processes); `max_grace_s` caps grace periods.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class LocalCluster:
         time_scale: float = 1.0,
         speed: float = 1.0,
         sim_env: Mapping[str, str] | None = None,
+        sim_env_by_labels: Sequence[tuple[Mapping[str, str], Mapping[str, str]]] = (),
         scrape_interval: str = "1s",
         with_prometheus: bool = True,
         launcher: tuple[str, ...] = SIM_COMMAND,
@@ -70,6 +74,7 @@ class LocalCluster:
         self.time_scale = time_scale
         self.speed = speed
         self.sim_env = dict(sim_env or {})
+        self.sim_env_by_labels = tuple((dict(sel), dict(env)) for sel, env in sim_env_by_labels)
         self.scrape_interval = scrape_interval
         self.with_prometheus = with_prometheus
         self.launcher = launcher
@@ -179,6 +184,7 @@ class LocalCluster:
                 workdir=self.workdir,
                 launcher=self.launcher,
                 env={"VLLM_SIM_TIME_SCALE": f"{self.time_scale:g}", **self.sim_env},
+                env_by_labels=self.sim_env_by_labels,
                 backoff_scale=self.speed,
                 run_any_command=self.run_any_command,
                 max_grace_s=self.max_grace_s,

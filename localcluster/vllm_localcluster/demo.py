@@ -20,13 +20,21 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from vllm_localcluster.cluster import LocalCluster
-from vllm_localcluster.narration import Narrator, console_line, knob_label
+from vllm_localcluster.narration import (
+    Narrator,
+    canary_running,
+    console_line,
+    knob_label,
+    latency,
+    percentile_label,
+)
 from vllm_localcluster.service_proxy import ServiceProxy
 
 NAMESPACE = "default"
@@ -43,7 +51,7 @@ DEMO_POLICY: dict[str, Any] = {
     "spec": {
         "slo": {
             "ttft": {"percentile": 95, "thresholdMs": 1000},
-            "itl": {"percentile": 95, "thresholdMs": 25},
+            "itl": {"percentile": 99, "thresholdMs": 25},
         },
         "rollout": {
             "minInterval": "30s",
@@ -63,6 +71,8 @@ DEMO_DEPLOYMENT: dict[str, Any] = {
     "spec": {
         "model": "meta-llama/Llama-3.1-8B-Instruct",
         "gpu": {"count": 1, "product": "H100"},
+        "replicas": 2,
+        "rollout": {"maxSurge": 1, "maxUnavailable": 0},
         "tuning": {"mode": "Auto", "policyRef": "demo"},
     },
 }
@@ -72,7 +82,7 @@ DEMO_DEPLOYMENT: dict[str, Any] = {
 class DemoConfig:
     out: Path = Path("demo-report")
     time_scale: float = 5.0  # virtual seconds of the simulated GPU per wall second
-    rate: float = 5.0  # requests per virtual second
+    rate: float = 5.0  # requests per virtual second, all pods together
     workload: str = "rag"
     max_minutes: float = 10.0
     settle_after_commit_s: float = 40.0
@@ -84,29 +94,58 @@ class DemoConfig:
 @dataclass
 class Sample:
     """One poll of the VLLMDeployment's status. `knobs` are the knobs the latencies were
-    measured on (status.observed.knobs), `applied` what the Deployment runs; `failed` counts
-    the requests the Service could not serve so far."""
+    measured on (status.observed.knobs), `applied` what the stable Deployment runs; latencies
+    are at the SLO's percentiles; `failed` counts the requests that failed so far, as the
+    client saw them. While a canary runs, `canary` is its knobs and `canary_itl`/`baseline_itl`
+    the paired comparison's latest window (status.tuning.analysis)."""
 
     t: float
     phase: str | None
     knobs: str | None
-    ttft_p95: float | None
-    itl_p95: float | None
+    ttft_ms: float | None
+    itl_ms: float | None
     kv: float | None
     rate: float | None
     slo_met: str | None
     ready: str | None
     applied: str | None = None
     failed: int = 0
+    canary: str | None = None
+    canary_itl: float | None = None
+    baseline_itl: float | None = None
+
+
+@dataclass
+class Traffic:
+    """Requests as the client saw them: a failure is any request that did not complete (an
+    HTTP error, a connection cut, a completion the server aborted). Requests cut off by the
+    demo's own stop are not the Service's failures and are not counted."""
+
+    finished: int = 0
+    failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # first words of each error -> count
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, record: Any) -> None:
+        error = getattr(record, "error", None)
+        if error and "cancelled" in error:
+            return
+        with self._lock:
+            self.finished += 1
+            if error:
+                self.failed += 1
+                key = str(error)[:60]
+                self.errors[key] = self.errors.get(key, 0) + 1
 
 
 @dataclass
 class Timeline:
     samples: list[Sample] = field(default_factory=list)
     decisions: list[tuple[float, str, str]] = field(default_factory=list)  # (t, action, reason)
+    converged_at: float | None = None  # seconds since the start
 
 
-def _condition(status: dict[str, Any], cond_type: str) -> dict[str, Any]:
+def _condition(status: Mapping[str, Any], cond_type: str) -> dict[str, Any]:
     for cond in status.get("conditions") or []:
         if cond.get("type") == cond_type:
             return dict(cond)
@@ -125,6 +164,7 @@ class Demo:
         self._load_loop: asyncio.AbstractEventLoop | None = None
         self._load_task: asyncio.Task[Any] | None = None
         self.load_result: Any = None
+        self.traffic = Traffic()
         self.started = time.monotonic()
         self.narrator = Narrator()
         self._last_line = 0.0  # when the last state line was printed (monotonic)
@@ -241,20 +281,28 @@ class Demo:
         self._api("POST", POLICY_PATH, DEMO_POLICY)
         self._api("POST", CR_PATH, DEMO_DEPLOYMENT)
         slo = DEMO_POLICY["spec"]["slo"]
+        spec = DEMO_DEPLOYMENT["spec"]
+        rollout = spec["rollout"]
         self.say(
-            f"applied VLLMTuningPolicy demo (TTFT p95 <= {slo['ttft']['thresholdMs']} ms, "
-            f"ITL p95 <= {slo['itl']['thresholdMs']} ms) and VLLMDeployment {NAME} "
-            f"({DEMO_DEPLOYMENT['spec']['model']} on a simulated H100, mode Auto)"
+            f"applied VLLMTuningPolicy demo ({percentile_label('ttft', slo)} <= "
+            f"{slo['ttft']['thresholdMs']} ms, {percentile_label('itl', slo)} <= "
+            f"{slo['itl']['thresholdMs']} ms) and VLLMDeployment {NAME} ({spec['model']}, "
+            f"{spec['replicas']} replicas on simulated H100s, mode Auto; rollouts surge "
+            f"{rollout['maxSurge']} pod and drain each pod they stop)"
         )
 
     # ------------------------------------------------------------------------ traffic
 
     def _wait_for_pods(self, timeout_s: float = 120.0) -> None:
-        """Traffic starts once the Service has an endpoint, as a client would see it."""
+        """Traffic starts once every replica is an endpoint of the Service, as a client would
+        see it (a later one would only take over part of the load)."""
         deadline = time.monotonic() + timeout_s
-        while not self._endpoints():
+        replicas = int(DEMO_DEPLOYMENT["spec"].get("replicas", 1))
+        while len(self._endpoints()) < replicas:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no pod of {NAME} became ready within {timeout_s:.0f}s")
+                raise RuntimeError(
+                    f"{replicas} pods of {NAME} did not become ready within {timeout_s:.0f}s"
+                )
             if self.operator is not None and self.operator.poll() is not None:
                 raise RuntimeError("the operator exited; see operator.log")
             time.sleep(0.5)
@@ -282,6 +330,7 @@ class Demo:
                         duration=horizon_wall,
                         timeout=horizon_wall + 120,
                         concurrency=256,
+                        on_done=self.traffic.count,
                     )
                 )
                 try:
@@ -320,22 +369,8 @@ class Demo:
     def _sample(self) -> dict[str, Any]:
         obj = self._api("GET", f"{CR_PATH}/{NAME}") or {}
         status = dict(obj.get("status") or {})
-        tuning = dict(status.get("tuning") or {})
-        observed = dict(status.get("observed") or {})
         self.timeline.samples.append(
-            Sample(
-                t=time.monotonic() - self.started,
-                phase=tuning.get("phase"),
-                knobs=knob_label(observed.get("knobs")),
-                ttft_p95=observed.get("ttftP95Ms"),
-                itl_p95=observed.get("itlP95Ms"),
-                kv=observed.get("kvCacheUsage"),
-                rate=observed.get("requestRate"),
-                slo_met=_condition(status, "SLOMet").get("status"),
-                ready=_condition(status, "Ready").get("status"),
-                applied=knob_label(tuning.get("applied")),
-                failed=self.proxy.refused if self.proxy is not None else 0,
-            )
+            sample_of(status, time.monotonic() - self.started, self.traffic.failed)
         )
         return status
 
@@ -348,8 +383,7 @@ class Demo:
         now = time.monotonic()
         if now - self._last_line >= print_every_s:
             self._last_line = now
-            failed = self.proxy.refused if self.proxy is not None else None
-            self.say(console_line(status, DEMO_POLICY["spec"]["slo"], failed))
+            self.say(console_line(status, DEMO_POLICY["spec"]["slo"], self.traffic.failed))
         return status
 
     def _watch(self) -> bool:
@@ -370,6 +404,7 @@ class Demo:
             if committed_at is not None and now - committed_at >= cfg.settle_after_commit_s:
                 met = _condition(status, "SLOMet").get("status") == "True"
                 if met and tuning.get("phase") not in ("RollingOut", "Verifying", "Promoting"):
+                    self.timeline.converged_at = now - self.started
                     return True
             time.sleep(2.0)
         self.say("time is up")
@@ -387,9 +422,12 @@ class Demo:
         return list((found or {}).get("items") or [])
 
     def _report(self, converged: bool) -> None:
-        from vllm_localcluster.demo_report import write_report
+        from vllm_localcluster.demo_report import console_measures, write_report
 
         final = self._api("GET", f"{CR_PATH}/{NAME}") or {}
+        tuning = dict((final.get("status") or {}).get("tuning") or {})
+        for line in console_measures(self.timeline, tuning, self.traffic, self.proxy):
+            self.say(line)
         paths = write_report(
             self.config.out,
             self.timeline,
@@ -398,10 +436,35 @@ class Demo:
             DEMO_POLICY,
             converged,
             self.proxy,
+            self.traffic,
         )
         self.say(("converged" if converged else "did NOT converge") + f"; report: {paths[0]}")
         for p in paths[1:]:
             self.say(f"  plot: {p}")
+
+
+def sample_of(status: Mapping[str, Any], t: float, failed: int) -> Sample:
+    """What the timeline keeps of one status."""
+    slo = DEMO_POLICY["spec"]["slo"]
+    tuning = dict(status.get("tuning") or {})
+    observed = dict(status.get("observed") or {})
+    analysis = dict(tuning.get("analysis") or {}) if canary_running(tuning) else {}
+    return Sample(
+        t=t,
+        phase=tuning.get("phase"),
+        knobs=knob_label(observed.get("knobs")),
+        ttft_ms=latency(observed, "ttft", slo),
+        itl_ms=latency(observed, "itl", slo),
+        kv=observed.get("kvCacheUsage"),
+        rate=observed.get("requestRate"),
+        slo_met=_condition(status, "SLOMet").get("status"),
+        ready=_condition(status, "Ready").get("status"),
+        applied=knob_label(tuning.get("applied")),
+        failed=failed,
+        canary=knob_label(tuning.get("candidate")) if canary_running(tuning) else None,
+        canary_itl=(analysis.get("canary") or {}).get("itlMs"),
+        baseline_itl=(analysis.get("baseline") or {}).get("itlMs"),
+    )
 
 
 def run_demo(config: DemoConfig, out: TextIO = sys.stdout) -> int:

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -80,6 +80,17 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+class _ClientGone(Exception):
+    """Writing to the client failed: it closed the connection."""
+
+
+async def _to_client(write: Awaitable[object]) -> None:
+    try:
+        await write
+    except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError included
+        raise _ClientGone from exc
+
+
 class ServiceProxy:
     """Forwards to `endpoints()`; `for_service` reads them from a Service's EndpointSlices."""
 
@@ -96,6 +107,8 @@ class ServiceProxy:
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self.requests = 0
+        # Requests the Service failed: no ready endpoint, or the pod failed them mid-request
+        # (not the client closing its own connection, which is no failure of the Service).
         self.refused = 0
 
     @classmethod
@@ -122,6 +135,7 @@ class ServiceProxy:
             return web.json_response({"error": "no ready endpoints for this Service"}, status=503)
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        response: web.StreamResponse | None = None
         try:
             async with self._session.request(
                 request.method, target + request.rel_url.path_qs, data=body, headers=headers
@@ -130,15 +144,25 @@ class ServiceProxy:
                 for key, value in upstream.headers.items():
                     if key.lower() not in _HOP_BY_HOP:
                         response.headers[key] = value
-                await response.prepare(request)
+                await _to_client(response.prepare(request))
                 async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
+                    await _to_client(response.write(chunk))
+                await _to_client(response.write_eof())
                 return response
+        except _ClientGone:
+            # The client closed its side first (e.g. right after the last event of a stream):
+            # nothing failed on the Service's side, and nobody is left to answer.
+            return response or web.Response(status=499)
         except (aiohttp.ClientError, ConnectionResetError):
             # The pod went away mid-request (a rollout stopped it): the client sees the
             # connection end, as it would through kube-proxy.
             self.refused += 1
+            if response is not None:
+                # Headers are sent: cut the client's connection, so that it sees the stream
+                # end early instead of a well-formed, truncated response.
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
             return web.json_response({"error": "upstream connection failed"}, status=502)
 
     async def start(self) -> None:

@@ -172,13 +172,15 @@ async def run_http(
     slo: Slo | None = None,
     progress: Callable[[float, int, int], None] | None = None,
     progress_every: float = 10.0,
+    on_done: Callable[[ClientRecord], None] | None = None,
 ) -> LoadResult:
     """Send the workload's requests at their arrival times (wall = virtual / time_scale).
 
     Bounded: at most `max_requests`, none sent after `duration` wall seconds, and everything
     still open `timeout` wall seconds after the start is cancelled (counted as errors).
     `concurrency` caps requests in flight; later ones wait for a slot, and their latency counts
-    from when they were actually sent (as `vllm bench serve --max-concurrency`).
+    from when they were actually sent (as `vllm bench serve --max-concurrency`). `on_done` sees
+    each request as it finishes (a live count of failures, while the run goes on).
     """
     requests = workload.generate() if isinstance(workload, WorkloadSpec) else list(workload)
     requests.sort(key=lambda r: r.arrival_time)
@@ -197,11 +199,15 @@ async def run_http(
         start = time.monotonic()
 
         async def send(request: Request, record: ClientRecord) -> None:
-            if slots is None:
-                await _one(session, base, request_body(request, model), record, start)
-                return
-            async with slots:
-                await _one(session, base, request_body(request, model), record, start)
+            try:
+                if slots is None:
+                    await _one(session, base, request_body(request, model), record, start)
+                    return
+                async with slots:
+                    await _one(session, base, request_body(request, model), record, start)
+            finally:
+                if on_done is not None:
+                    on_done(record)
 
         tasks: list[asyncio.Task[None]] = []
 

@@ -22,7 +22,7 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,11 +70,15 @@ class KubeletConfig:
     """`launcher` runs `vllm serve` containers (the simulator by default); `env` is added to every
     container (container env wins); `backoff_scale` divides the crash back-off, so tests and
     demos need not wait minutes; `run_any_command` runs containers that are not `vllm serve`
-    as their own command (tests use plain processes); `max_grace_s` caps grace periods."""
+    as their own command (tests use plain processes); `max_grace_s` caps grace periods.
+    `env_by_labels` adds env to the pods whose labels include a selector's (a fault on some
+    pods only, e.g. a slow GPU under a canary); it wins over `env` and the node's, the
+    container's own env wins over it."""
 
     workdir: Path
     launcher: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    env_by_labels: tuple[tuple[Mapping[str, str], Mapping[str, str]], ...] = ()
     backoff_scale: float = 1.0
     health_interval_s: float = 1.0
     run_any_command: bool = False
@@ -122,6 +126,17 @@ class Container:
         return self.process is not None and self.process.exit_code() is None
 
 
+def labelled_env(
+    rules: Sequence[tuple[Mapping[str, str], Mapping[str, str]]], labels: Mapping[str, str]
+) -> dict[str, str]:
+    """The env of every (selector, env) rule whose selector the labels match, in order."""
+    env: dict[str, str] = {}
+    for selector, extra in rules:
+        if all(labels.get(k) == v for k, v in selector.items()):
+            env.update(extra)
+    return env
+
+
 class Kubelet:
     """Runs the pods bound to the agent's nodes on this machine."""
 
@@ -159,6 +174,7 @@ class Kubelet:
             **self.config.env,
             **self.node_env.get(str(spec.get("nodeName")), {}),
             **({"VLLM_SIM_GPU": gpu} if gpu else {}),
+            **labelled_env(self.config.env_by_labels, meta.get("labels") or {}),
             **container_env(first),
         }
         command, args = first.get("command") or [], first.get("args") or []

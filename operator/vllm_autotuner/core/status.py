@@ -115,12 +115,23 @@ def compute_status(
 
 
 def status_patch(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
-    """A JSON merge patch from previous to new (top-level keys), empty when nothing changed.
+    """A JSON merge patch (RFC 7386) from previous to new, empty when nothing changed.
 
-    Keys that disappeared are set to None so the merge patch removes them.
+    A merge patch merges objects key by key, so a key that disappeared, at any depth, is set to
+    None to remove it: a field the tuner no longer has (the candidate after a trial, the last
+    trial's canary analysis) must not stay behind in status, where the next reconcile would
+    read it back as state.
     """
     old = dict(previous or {})
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            nested = status_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif key not in old or before != value:
+            patch[key] = value
     for key in old:
         if key not in new:
             patch[key] = None

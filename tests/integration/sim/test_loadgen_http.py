@@ -117,3 +117,17 @@ def test_request_body_carries_exact_lengths_and_prefix() -> None:
     other = request_body(Request("r2", 500, 10, prefix_id="g1", prefix_len=120), "m")
     shared = len(" ".join(body["prompt"].split()[:120]))
     assert body["prompt"][:shared] == other["prompt"][:shared]
+
+
+async def test_each_request_is_seen_as_it_finishes(
+    served: tuple[str, SimServer, FakeEngine],
+) -> None:
+    url, _, _ = served
+    seen: list[tuple[str, bool]] = []
+    workload = small_workload(rate=20, duration=0.5)
+    result = await run_http(
+        url, workload, timeout=30, on_done=lambda r: seen.append((r.request_id, r.finish_time > 0))
+    )
+    # Every request, once, each already finished when it was seen.
+    assert sorted(i for i, _ in seen) == sorted(r.request_id for r in result.records)
+    assert len(seen) > 5 and all(done for _, done in seen)

@@ -125,7 +125,7 @@ def test_deployment_printer_columns(crds_by_kind: dict[str, dict[str, Any]]) -> 
     columns = {c["name"]: c for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert list(columns) == [
         "Model", "Mode", "Ready", "MNBT", "MNS", "GMU", "TTFT-P95", "ITL-P95", "SLO-Met",
-        "Replicas", "Capacity", "Age",
+        "Phase", "Strategy", "Candidate", "Replicas", "Capacity", "Age",
     ]  # fmt: skip
     assert columns["Replicas"]["jsonPath"] == ".status.replicas"
     assert columns["Capacity"]["jsonPath"] == ".status.capacity.perReplicaRps"
@@ -137,6 +137,10 @@ def test_deployment_printer_columns(crds_by_kind: dict[str, dict[str, Any]]) -> 
     assert columns["MNBT"]["jsonPath"] == ".status.tuning.applied.maxNumBatchedTokens"
     assert columns["TTFT-P95"]["jsonPath"] == ".status.observed.ttftP95Ms"
     assert columns["ITL-P95"]["jsonPath"] == ".status.observed.itlP95Ms"
+    # A trial, and a canary's knobs, show in `kubectl get vllmd`.
+    assert columns["Phase"]["jsonPath"] == ".status.tuning.phase"
+    assert columns["Strategy"]["jsonPath"] == ".status.tuning.strategy"
+    assert columns["Candidate"]["jsonPath"] == ".status.tuning.candidate.maxNumBatchedTokens"
     assert columns["Age"] == {
         "name": "Age",
         "type": "date",

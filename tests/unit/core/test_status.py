@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from vllm_autotuner.core.conditions import ConditionUpdate
 from vllm_autotuner.core.status import ChildState, compute_status, readiness, status_patch
 
@@ -73,3 +76,48 @@ def test_status_patch_is_empty_when_nothing_changed() -> None:
 
 def test_status_patch_removes_vanished_keys() -> None:
     assert status_patch({"a": 1, "b": 2}, {"a": 1}) == {"b": None}
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies application/merge-patch+json."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = apply_merge_patch(result.get(key), value)
+    return result
+
+
+def test_a_field_gone_from_status_tuning_is_removed_by_the_patch() -> None:
+    during = {
+        "tuning": {
+            "phase": "Verifying",
+            "candidate": {"maxNumBatchedTokens": 1024},
+            "analysis": {"since": "2026-12-03T12:00:00Z", "verdict": "Pending"},
+            "trials": [{"id": 1}],
+        },
+        "mode": "Auto",
+    }
+    after = {"tuning": {"phase": "Committed", "trials": [{"id": 1}]}, "mode": "Auto"}
+    patch = status_patch(during, after)
+    assert patch == {"tuning": {"phase": "Committed", "candidate": None, "analysis": None}}
+    assert apply_merge_patch(during, patch) == after
+
+
+_leaf = st.one_of(st.integers(0, 3), st.text("ab", max_size=2), st.lists(st.integers(0, 2)))
+_tree = st.recursive(
+    _leaf, lambda inner: st.dictionaries(st.sampled_from("abcd"), inner, max_size=4), max_leaves=12
+)
+_status = st.dictionaries(st.sampled_from(["tuning", "observed", "mode", "paused"]), _tree)
+
+
+@given(_status, _status)
+def test_the_patch_takes_the_stored_status_exactly_to_the_new_one(
+    old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    patch = status_patch(old, new)
+    assert apply_merge_patch(old, patch) == new
+    assert (patch == {}) == (old == new)

@@ -7,8 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vllm_localcluster.demo import DEMO_POLICY, Sample, Timeline
-from vllm_localcluster.demo_report import _plot, failures_per_minute, write_report
+from vllm_localcluster.demo import DEMO_POLICY, Sample, Timeline, Traffic, sample_of
+from vllm_localcluster.demo_report import (
+    _plot,
+    canary_spans,
+    console_measures,
+    failures_per_minute,
+    write_report,
+)
 from vllm_localcluster.narration import Narrator, console_line, in_time_order
 
 OLD = {"maxNumBatchedTokens": 8192, "maxNumSeqs": 256, "gpuMemoryUtilization": 0.92}
@@ -116,8 +122,8 @@ def samples() -> list[Sample]:
                 t=30.0 * i,
                 phase="Observing",
                 knobs=measured,
-                ttft_p95=900.0 - 50 * i,
-                itl_p95=68.0 - 6 * i,
+                ttft_ms=900.0 - 50 * i,
+                itl_ms=68.0 - 6 * i,
                 kv=0.4,
                 rate=5.0,
                 slo_met="False",
@@ -137,7 +143,7 @@ def test_the_timeline_has_a_legend_for_the_slo_and_the_rollouts(tmp_path: Path) 
     timeline = Timeline(samples=samples())
     timeline.decisions = [(80.0, "rollout", "r"), (170.0, "commit", "c"), (200.0, "rollback", "b")]
     labels = _plot(tmp_path / "timeline.png", timeline, DEMO_POLICY)
-    assert {"ITL p95", "ITL SLO", "TTFT p95", "TTFT SLO", "rollout", "commit", "rollback"} <= set(
+    assert {"ITL p99", "ITL SLO", "TTFT p95", "TTFT SLO", "rollout", "commit", "rollback"} <= set(
         labels
     )
     assert labels.count("rollout") == 1
@@ -159,3 +165,126 @@ def test_the_report_shows_the_measured_knobs_first_and_events_in_order(tmp_path:
     assert "| first observation | mnbt=8192,mns=256,gmu=0.92 | 900.0 | 68.0 |" in text
     assert text.index("RolloutStarted") < text.index("TuningCommitted")
     assert png.exists()
+
+
+# --------------------------------------------------------------------------- the canary
+
+CANARY_EVENT = {
+    "metadata": {"name": "demo.1"},
+    "reason": "CanaryStarted",
+    "message": "canary maxNumBatchedTokens=2048 (trial 1, from 8192): ITL p99 100 ms > 25 ms",
+    "lastTimestamp": "2026-12-02T12:00:00Z",
+}
+PROMOTED_EVENT = {
+    "metadata": {"name": "demo.2"},
+    "reason": "CanaryPromoted",
+    "message": "canary maxNumBatchedTokens=2048 won; promoting it to every pod: fixes ITL",
+    "lastTimestamp": "2026-12-02T12:01:00Z",
+}
+
+
+def canary_status(phase: str, outcome: str = "Pending", reason: str = "") -> dict[str, Any]:
+    s = status("hold", f"{phase} ...", phase, [trial(outcome, reason)])
+    s["tuning"].update(
+        strategy="Canary",
+        applied=OLD,
+        candidate=NEW,
+        analysis={
+            "windowSeconds": 30.0,
+            "canary": {"itlMs": 21.5},
+            "baseline": {"itlMs": 96.0},
+            "verdict": "Pending",
+        },
+    )
+    return s
+
+
+def test_a_canary_is_narrated_from_start_to_promotion_and_commit() -> None:
+    narrator = Narrator()
+    news = narrator.news(canary_status("Verifying"), [CANARY_EVENT])
+    assert news[0] == ("canary", CANARY_EVENT["message"])
+    promoted = status("hold", "promoting", "Promoting", [trial("Pending")])
+    news = narrator.news(promoted, [CANARY_EVENT, PROMOTED_EVENT])
+    assert news[0] == ("promote", PROMOTED_EVENT["message"])
+    assert narrator.news(promoted, [CANARY_EVENT, PROMOTED_EVENT]) == []  # once
+    committed = status("commit", "ok", "Committed", [trial("Committed", "promoted")])
+    assert narrator.news(committed, [CANARY_EVENT, PROMOTED_EVENT]) == [
+        ("commit", "trial 1 (mnbt=2048,mns=256,gmu=0.92): promoted")
+    ]
+
+
+def test_a_losing_canary_is_narrated_as_rejected() -> None:
+    narrator = Narrator()
+    narrator.news(canary_status("Verifying"), [CANARY_EVENT])
+    lost = status("rollback", "x", "RolledBack", [trial("RolledBack", "canary lost: worse ITL")])
+    assert narrator.news(lost) == [
+        ("reject", "trial 1 (mnbt=2048,mns=256,gmu=0.92): canary lost: worse ITL")
+    ]
+
+
+def test_the_console_compares_the_canary_with_the_baseline_pods() -> None:
+    line = console_line(canary_status("Verifying"), SLO)
+    assert "canary mnbt=2048,mns=256,gmu=0.92 on one pod" in line
+    assert "ITL p99 21.5 ms vs the baseline pods' 96.0 ms over the same 30 s (Pending)" in line
+    after = console_line(status("hold", "x", "Committed", []), SLO)
+    assert "canary" not in after
+
+
+def test_the_timeline_keeps_the_canary_and_its_paired_window() -> None:
+    during = sample_of(canary_status("Verifying"), 10.0, failed=0)
+    assert during.canary == "mnbt=2048,mns=256,gmu=0.92" and during.applied.startswith("mnbt=8192")
+    assert (during.canary_itl, during.baseline_itl) == (21.5, 96.0)
+    after = sample_of(status("hold", "x", "Committed", []), 20.0, failed=0)
+    assert after.canary is None and after.canary_itl is None
+
+
+def test_canary_spans_cover_the_samples_with_a_canary() -> None:
+    series = samples()
+    for s in series[2:5]:
+        s.canary = "mnbt=2048,mns=256,gmu=0.92"
+    assert canary_spans(series) == [(60.0, 150.0, "mnbt=2048,mns=256,gmu=0.92")]
+    series[-1].canary = "mnbt=1024,mns=256,gmu=0.92"  # still running at the end
+    assert canary_spans(series)[-1] == (210.0, 210.0, "mnbt=1024,mns=256,gmu=0.92")
+
+
+def test_the_timeline_shows_the_canary(tmp_path: Path) -> None:
+    series = samples()
+    for s in series[2:5]:
+        s.canary, s.canary_itl, s.baseline_itl = "mnbt=2048,mns=256,gmu=0.92", 20.0, 60.0
+    timeline = Timeline(samples=series)
+    timeline.decisions = [(60.0, "canary", "c"), (150.0, "promote", "p"), (170.0, "commit", "c")]
+    labels = _plot(tmp_path / "timeline.png", timeline, DEMO_POLICY)
+    assert {"canary on one pod", "canary started", "canary promoted", "commit"} <= set(labels)
+    assert {"ITL p99, canary pod", "ITL p99, baseline pods"} <= set(labels)
+
+
+def test_the_report_gives_the_failed_requests_and_the_canaries(tmp_path: Path) -> None:
+    timeline = Timeline(
+        samples=samples(),
+        decisions=[(41.0, "canary", "c"), (90.0, "promote", "p"), (100.0, "commit", "c")],
+        converged_at=150.0,
+    )
+    final = {"status": {"tuning": {"applied": NEW, "trials": [trial("Committed", "won")]}}}
+    traffic = Traffic(finished=1200, failed=2, errors={"HTTP 503: no ready endpoints": 2})
+    md, _ = write_report(tmp_path, timeline, final, [CANARY_EVENT], DEMO_POLICY, True, None,
+                         traffic)  # fmt: skip
+    text = md.read_text()
+    assert "- failed requests: **2** of 1200 (the target is 0)" in text
+    assert "2 x HTTP 503: no ready endpoints" in text
+    assert "first rollout decided at 00:41; converged at 02:30" in text
+    assert "canaries promoted: 1, rejected: 0" in text
+    assert "| 1 | mnbt=2048,mns=256,gmu=0.92 | canary, one pod | Committed | won |" in text
+
+
+def test_the_console_ends_with_the_failed_requests_and_the_canaries() -> None:
+    timeline = Timeline(
+        samples=samples(),
+        decisions=[(41.0, "canary", "c"), (90.0, "reject", "r"), (120.0, "canary", "c")],
+        converged_at=None,
+    )
+    tuning = {"applied": NEW, "trials": [trial("RolledBack", "lost"), trial("Pending", "")]}
+    traffic = Traffic(finished=900, failed=0)
+    lines = console_measures(timeline, tuning, traffic, None)
+    assert lines[0] == "failed requests: 0 of 900 (the target is 0)"
+    assert "trials: 2 (0 committed, 1 rolled back); canaries promoted: 0, rejected: 1" in lines
+    assert not any("**" in line or line.startswith("- ") for line in lines), lines
