@@ -31,16 +31,20 @@ SELECTOR = "vllm.autotuner.io/deployment=llama"
 
 
 def scale(api: Api, path: str, replicas: int) -> dict[str, Any]:
-    """What the HPA controller does: read /scale, write it back with the new count."""
-    current = api.get(f"{path}/scale")
-    assert current is not None and current["kind"] == "Scale"
-    current["spec"]["replicas"] = replicas
-    r = api.session.put(
-        f"{api.url}{path}/scale",
-        json=current,
-        params={"fieldManager": AUTOSCALER},
-        timeout=10,
-    )
+    """What the HPA controller does: read /scale, write it back with the new count; a 409 (the
+    operator wrote status in between: a new resourceVersion) is read again and retried."""
+    for _ in range(10):
+        current = api.get(f"{path}/scale")
+        assert current is not None and current["kind"] == "Scale"
+        current["spec"]["replicas"] = replicas
+        r = api.session.put(
+            f"{api.url}{path}/scale",
+            json=current,
+            params={"fieldManager": AUTOSCALER},
+            timeout=10,
+        )
+        if r.status_code != 409:
+            break
     assert r.status_code == 200, r.text
     return dict(r.json())
 

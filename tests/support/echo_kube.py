@@ -47,14 +47,24 @@ class EchoKube:
     async def merge_patch(
         self, path: str, body: dict[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:
-        for key, value in body["status"].items():
-            if value is None:
-                self.status.pop(key, None)
-            else:
-                self.status[key] = copy.deepcopy(value)
+        self.status = merge_patch(self.status, body["status"])
         for cond in body["status"].get("conditions") or []:
             self.conditions[cond["type"]] = cond["status"]
         return {}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """JSON merge patch (RFC 7386), as the API server applies it: objects merge key by key,
+    null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 def _controller_ref(owner: dict[str, Any], kind: str) -> dict[str, Any]:
