@@ -371,11 +371,13 @@ class Controller:
                 )
             )
 
-        fields["paused"] = True if commands.paused else None
+        if commands.paused or "paused" in previous:  # a null only clears a pause that was set
+            fields["paused"] = True if commands.paused else None
         if tuned.handled:
             done = {name: pending[name] for name in tuned.handled}
             fields["handledRequests"] = {**(previous.get("handledRequests") or {}), **done}
         tuning = keep_stamp(tuned.tuning, previous_tuning, "lastDecision", "time")
+        tuning = keep_stamp(tuning, previous_tuning, "model", "time")
         if start.notes:
             tuning["startNote"] = start.notes[-1]
         fields["tuning"] = tuning

@@ -856,9 +856,10 @@ def _with_model_violations(
 
 
 def _with_peak(state: TuningState, rate: float, now: datetime) -> TuningState:
-    """Remember the highest per-pod rate of the last day."""
+    """Remember the highest per-pod rate of the last day (the same rate again keeps the time
+    it was first seen: an unchanged peak must not rewrite status every reconcile)."""
     stale = state.peak_rate_at is None or now - state.peak_rate_at > timedelta(days=1)
-    if stale or state.peak_rate is None or rate >= state.peak_rate:
+    if stale or state.peak_rate is None or rate > state.peak_rate:
         return replace(state, peak_rate=rate, peak_rate_at=now)
     return state
 

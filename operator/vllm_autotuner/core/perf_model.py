@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -255,14 +256,12 @@ class AnalyticModel:
     def __init__(self, gpu_product: str | None = None) -> None:
         self.gpu_product = gpu_product
         self.physics: Physics | None = None
-        self._curves: dict[tuple[float, ...], Callable[[FloatArray], FloatArray]] = {}
 
     def bind(self, ctx: DeploymentContext) -> Physics:
         """The physics of this deployment (the model is bound to one deployment at a time)."""
         shape = shape_of(ctx)
         if self.physics is None or self.physics.shape != shape:
             self.physics = Physics.of(shape)
-            self._curves.clear()
         self.gpu_product = ctx.gpu_product
         return self.physics
 
@@ -442,18 +441,11 @@ class AnalyticModel:
         return cal.kv_tokens_at(knobs.gpu_memory_utilization)
 
     def _curve_at(self, cal: Calibration) -> StepCurve:
-        phys = self._phys()
+        shape = self._phys().shape
+        bandwidth, compute = round(cal.bandwidth, 4), round(cal.compute, 4)
 
         def at(running: float, ctx_per_seq: float) -> Callable[[FloatArray], FloatArray]:
-            r = _grid(running)
-            key = (round(cal.bandwidth, 4), round(cal.compute, 4), r, _grid(ctx_per_seq))
-            curve = self._curves.get(key)
-            if curve is None:
-                if len(self._curves) > 2048:
-                    self._curves.clear()
-                curve = phys.step_curve(cal.bandwidth, cal.compute, r, key[3])
-                self._curves[key] = curve
-            return curve
+            return _shared_curve(shape, bandwidth, compute, _grid(running), _grid(ctx_per_seq))
 
         return at
 
@@ -475,6 +467,21 @@ class AnalyticModel:
         ttft = st.ttft(q_ttft)
         e2e = st.ttft(0.5) + max(0.0, st.gen_steps_p(q_e2e) - 1.0) * st.step_mean_s
         return ttft, st.itl(q_itl), max(e2e, ttft), st
+
+
+# Step-time curves, shared by every deployment's model and bounded in number: one operator
+# process holds at most this many (about 1.5 KiB each), whatever the number of deployments.
+# A per-model cache of 2,048 grew to ~430 MiB resident at 1,000 deployments (bench.scale):
+# each calibration's iterates leave curves of their own.
+CURVE_CACHE = 4096
+
+
+@lru_cache(maxsize=CURVE_CACHE)
+def _shared_curve(
+    shape: DeploymentShape, bandwidth: float, compute: float, running: float, ctx: float
+) -> Callable[[FloatArray], FloatArray]:
+    """The step curve on rounded inputs, so a prediction never depends on what was cached."""
+    return Physics.of(shape).step_curve(bandwidth, compute, running, ctx)
 
 
 def _grid(value: float) -> float:
