@@ -25,28 +25,25 @@ from tests.support.helm import chart_rbac_rules
 from tests.support.operator_runner import running_operator
 from tests.support.waiting import wait_for
 from vllm_autotuner.core.autoscaling import HANDOFF_MANAGER
+from vllm_localcluster.autoscaler import ScheduledScaler
 
 AUTOSCALER = "test-autoscaler"
 SELECTOR = "vllm.autotuner.io/deployment=llama"
 
 
-def scale(api: Api, path: str, replicas: int) -> dict[str, Any]:
-    """What the HPA controller does: read /scale, write it back with the new count; a 409 (the
-    operator wrote status in between: a new resourceVersion) is read again and retried."""
-    for _ in range(10):
-        current = api.get(f"{path}/scale")
-        assert current is not None and current["kind"] == "Scale"
-        current["spec"]["replicas"] = replicas
-        r = api.session.put(
-            f"{api.url}{path}/scale",
-            json=current,
-            params={"fieldManager": AUTOSCALER},
-            timeout=10,
-        )
-        if r.status_code != 409:
-            break
-    assert r.status_code == 200, r.text
-    return dict(r.json())
+def scale(apiserver: ApiServer, path: str, replicas: int) -> None:
+    """What the HPA controller does, through the one-machine cluster's autoscaler writer: read
+    /scale, write it back with the new count (a 409 is read again and retried)."""
+    writer = ScheduledScaler(
+        apiserver.url,
+        apiserver.token,
+        str(apiserver.ca_file),
+        f"{path}/scale",
+        [replicas],
+        1.0,
+        field_manager=AUTOSCALER,
+    )
+    writer.scale_to(replicas)
 
 
 def replicas_owners(obj: dict[str, Any]) -> set[str]:
@@ -101,7 +98,7 @@ def test_an_autoscaler_scales_the_vllmdeployment_through_its_scale_subresource(
         assert current is not None
         assert current["spec"]["replicas"] == 1
         assert current["status"]["selector"] == SELECTOR  # what an HPA averages pod metrics on
-        scale(api, path, 3)
+        scale(apiserver, path, 3)
         settled_replicas(api, 3)
         cr = api.get(path)
         assert cr is not None and cr["spec"]["replicas"] == 3
@@ -129,7 +126,7 @@ def test_an_autoscaler_on_the_deployment_owns_its_replicas(apiserver: ApiServer,
         settled_replicas(api, 2)
         assert replicas_owners(api.get(path) or created) == {HANDOFF_MANAGER}
         apiserver.mark()
-        scale(api, path, 4)
+        scale(apiserver, path, 4)
         # A template change makes the operator apply the Deployment again.
         api.merge(f"{CR_PATH}/llama", {"spec": {"pod": {"labels": {"team": "b"}}}})
         wait_for(
@@ -210,6 +207,6 @@ def switch_and_scale(apiserver: ApiServer, api: Api, path: str) -> None:
         settled_replicas(api, 3)
         assert replicas_owners(api.get(path) or {}) == {HANDOFF_MANAGER}
         apiserver.mark()
-        scale(api, path, 5)
+        scale(apiserver, path, 5)
         settled_replicas(api, 5)
         assert replicas_owners(api.get(path) or {}) == {AUTOSCALER}
