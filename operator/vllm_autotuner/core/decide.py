@@ -53,6 +53,7 @@ from vllm_autotuner.core.tuning_types import (
     Phase,
     Predicted,
     Recommendation,
+    RolloutRules,
     Strategy,
     Trial,
     TrialOutcome,
@@ -228,38 +229,52 @@ def _rolling_out(
     cand: Knobs,
 ) -> Decision:
     rules = policy.rollout
-    started = state.rollout_started_at or now
+    elapsed = _elapsed(state, now)
     ready, complete = rollout_progress(obs.pods, cand, ctx.replicas)
-    elapsed = (now - started).total_seconds()
-    if complete:
+    pods = f"{ready}/{ctx.replicas} pods ready"
+    timeout = f"(readyTimeout {rules.ready_timeout_s:.0f} s)"
+    return _await_ready(
+        state,
+        now,
+        rules,
+        complete,
+        "RolloutReady",
+        f"rollout of {cand.describe()} complete: {pods} after {elapsed:.0f} s; "
+        f"verifying for {rules.verify_window_s:.0f} s",
+        f"{pods} after {elapsed:.0f} s {timeout}",
+        f"rolling out {cand.describe()}: {pods} after {elapsed:.0f} s {timeout}",
+    )
+
+
+def _elapsed(state: TuningState, now: datetime) -> float:
+    """Seconds since the rollout (or the canary) started."""
+    return (now - (state.rollout_started_at or now)).total_seconds()
+
+
+def _await_ready(
+    state: TuningState,
+    now: datetime,
+    rules: RolloutRules,
+    ready: bool,
+    reason: str,
+    ready_text: str,
+    timed_out: str,
+    waiting: str,
+) -> Decision:
+    """The new pods are ready: verify (an Event `reason`); past readyTimeout: roll back;
+    otherwise hold."""
+    if ready:
         until = now + timedelta(seconds=rules.verify_window_s)
-        text = (
-            f"rollout of {cand.describe()} complete: {ready}/{ctx.replicas} pods ready "
-            f"after {elapsed:.0f} s; verifying for {rules.verify_window_s:.0f} s"
-        )
         return _done(
             replace(state, phase="Verifying", verify_until=until),
             now,
             "verify",
-            text,
-            events=(Event("Normal", "RolloutReady", text),),
+            ready_text,
+            events=(Event("Normal", reason, ready_text),),
         )
-    if elapsed > rules.ready_timeout_s:
-        return _rollback(
-            state,
-            now,
-            "NotReady",
-            "NotReady",
-            f"{ready}/{ctx.replicas} pods ready after {elapsed:.0f} s "
-            f"(readyTimeout {rules.ready_timeout_s:.0f} s)",
-        )
-    return _done(
-        state,
-        now,
-        "hold",
-        f"rolling out {cand.describe()}: {ready}/{ctx.replicas} pods ready after "
-        f"{elapsed:.0f} s (readyTimeout {rules.ready_timeout_s:.0f} s)",
-    )
+    if _elapsed(state, now) > rules.ready_timeout_s:
+        return _rollback(state, now, "NotReady", "NotReady", timed_out)
+    return _done(state, now, "hold", waiting)
 
 
 def _waits_for_data(
@@ -385,37 +400,19 @@ def _canary_starting(
     state: TuningState, obs: Observation, policy: TuningPolicy, now: datetime, cand: Knobs
 ) -> Decision:
     rules = policy.rollout
-    started = state.rollout_started_at or now
-    elapsed = (now - started).total_seconds()
-    ready = sum(1 for p in obs.pods if p.ready and cand.same_as(p.revision_knobs))
-    if ready >= 1:
-        until = now + timedelta(seconds=rules.verify_window_s)
-        text = (
-            f"canary of {cand.describe()} ready after {elapsed:.0f} s; comparing it with the "
-            f"baseline pods for up to {rules.verify_window_s:.0f} s"
-        )
-        return _done(
-            replace(state, phase="Verifying", verify_until=until),
-            now,
-            "verify",
-            text,
-            events=(Event("Normal", "CanaryReady", text),),
-        )
-    if elapsed > rules.ready_timeout_s:
-        return _rollback(
-            state,
-            now,
-            "NotReady",
-            "NotReady",
-            f"the canary pod was not ready after {elapsed:.0f} s "
-            f"(readyTimeout {rules.ready_timeout_s:.0f} s)",
-        )
-    return _done(
+    elapsed = _elapsed(state, now)
+    ready = any(p.ready and cand.same_as(p.revision_knobs) for p in obs.pods)
+    timeout = f"(readyTimeout {rules.ready_timeout_s:.0f} s)"
+    return _await_ready(
         state,
         now,
-        "hold",
-        f"canary of {cand.describe()} starting: not ready after {elapsed:.0f} s "
-        f"(readyTimeout {rules.ready_timeout_s:.0f} s)",
+        rules,
+        ready,
+        "CanaryReady",
+        f"canary of {cand.describe()} ready after {elapsed:.0f} s; comparing it with the "
+        f"baseline pods for up to {rules.verify_window_s:.0f} s",
+        f"the canary pod was not ready after {elapsed:.0f} s {timeout}",
+        f"canary of {cand.describe()} starting: not ready after {elapsed:.0f} s {timeout}",
     )
 
 
