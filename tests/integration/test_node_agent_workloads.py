@@ -333,16 +333,20 @@ def test_surge_free_rolling_update_never_serves_from_two_revisions(cluster: Clus
     most_serving = [0]
     stop = threading.Event()
 
+    def look() -> None:
+        serving = [
+            p
+            for p in cluster.pods(ns)
+            if is_ready(p) and not p["metadata"].get("deletionTimestamp")
+        ]
+        most_serving[0] = max(most_serving[0], len(serving))
+
     def observe() -> None:
         while not stop.is_set():
-            serving = [
-                p
-                for p in cluster.pods(ns)
-                if is_ready(p) and not p["metadata"].get("deletionTimestamp")
-            ]
-            most_serving[0] = max(most_serving[0], len(serving))
+            look()
             stop.wait(0.02)
 
+    look()  # the old pod serving, before the rollout (a loaded machine may start the thread late)
     watcher = threading.Thread(target=observe, daemon=True)
     watcher.start()
     try:
@@ -367,6 +371,7 @@ def test_surge_free_rolling_update_never_serves_from_two_revisions(cluster: Clus
     finally:
         stop.set()
         watcher.join(5)
+    look()  # and the new one, after it
     assert "--max-num-seqs" in new["spec"]["containers"][0]["args"]
     assert "32" in new["spec"]["containers"][0]["args"]
     assert (
