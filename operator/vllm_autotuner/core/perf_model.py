@@ -288,44 +288,26 @@ class AnalyticModel:
         if mean_itl is None or workload.request_rate <= 0:
             return cal
         running = snapshot.running_mean
-        traffic = _traffic(workload, workload.request_rate)
-        kv = self._kv(knobs, cal)
         # What the window showed of the step times: the exact mean inter-token latency, and
         # the histogram's cumulative fractions at its bucket bounds (never percentiles
-        # interpolated inside a wide bucket).
-        shape = _itl_shape(snapshot.itl)
-        target = math.log(mean_itl / 1000.0)
-        # The mean step, counted: a busy engine runs 1/steps_per_s per step. Busy enough when
-        # requests are always running (the gauge's mean well above one).
+        # interpolated inside a wide bucket). The mean step, counted: a busy engine runs
+        # 1/steps_per_s per step. Busy enough when requests are always running (the gauge's
+        # mean well above one).
         step_target = None
         if snapshot.steps_per_s and (running or 0.0) >= 4.0:
             step_target = -math.log(snapshot.steps_per_s)
-
-        def evaluate(x: Sequence[float]) -> SteadyState:
-            c = _with_params(cal, x)
-            return steady_state(
-                traffic, Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv),
-                self._curve_at(c), _costs(c), running=running,
-            )  # fmt: skip
-
-        def residuals(x: Sequence[float]) -> list[float]:
-            st = evaluate(x)
-            prior_terms = _prior_terms(x)
-            n = 1 + len(shape) + (step_target is not None)
-            if not st.stable:
-                return [5.0] * n + prior_terms
-            fit = [math.log(max(st.itl_mean_s, 1e-9)) - target]
-            if step_target is not None:
-                fit.append(math.log(max(st.step_mean_s, 1e-9)) - step_target)
-            fit += [_SHAPE_WEIGHT * (st.itl_below(b) - f) for b, f in shape]
-            return fit + prior_terms
-
-        x0 = _params(Calibration())
-        x = _least_squares(residuals, x0)
-        fit = replace(_with_params(cal, x), fitted=True)
-        st = evaluate(x)
-        if st.stable:
-            fit = replace(fit, fit_error=abs(math.log(max(st.itl_mean_s, 1e-9)) - target))
+        kv = self._kv(knobs, cal)
+        problem = FitProblem(
+            self._phys().shape,
+            _traffic(workload, workload.request_rate),
+            Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv),
+            running,
+            math.log(mean_itl / 1000.0),
+            step_target,
+            tuple(_itl_shape(snapshot.itl)),
+        )
+        x, fit_error = _fit_step_times(problem)
+        fit = replace(_with_params(cal, x), fitted=True, fit_error=fit_error)
         return self._fit_api(fit, snapshot, knobs, workload, kv, running)
 
     def _fit_api(
@@ -441,13 +423,7 @@ class AnalyticModel:
         return cal.kv_tokens_at(knobs.gpu_memory_utilization)
 
     def _curve_at(self, cal: Calibration) -> StepCurve:
-        shape = self._phys().shape
-        bandwidth, compute = round(cal.bandwidth, 4), round(cal.compute, 4)
-
-        def at(running: float, ctx_per_seq: float) -> Callable[[FloatArray], FloatArray]:
-            return _shared_curve(shape, bandwidth, compute, _grid(running), _grid(ctx_per_seq))
-
-        return at
+        return _curve(self._phys().shape, cal)
 
     def _latencies(
         self, knobs: Knobs, w: Workload, cal: Calibration, rate: float, kv: float | None
@@ -482,6 +458,15 @@ def _shared_curve(
 ) -> Callable[[FloatArray], FloatArray]:
     """The step curve on rounded inputs, so a prediction never depends on what was cached."""
     return Physics.of(shape).step_curve(bandwidth, compute, running, ctx)
+
+
+def _curve(shape: DeploymentShape, cal: Calibration) -> StepCurve:
+    bandwidth, compute = round(cal.bandwidth, 4), round(cal.compute, 4)
+
+    def at(running: float, ctx_per_seq: float) -> Callable[[FloatArray], FloatArray]:
+        return _shared_curve(shape, bandwidth, compute, _grid(running), _grid(ctx_per_seq))
+
+    return at
 
 
 def _grid(value: float) -> float:
@@ -547,6 +532,62 @@ def _prior_terms(x: Sequence[float]) -> list[float]:
         0.2 * x[2] / 5.0,
         _PRIOR_WEIGHT * (x[3] - math.log(_PRIOR_JITTER)),
     ]
+
+
+# Step-time fits, shared by every deployment's model: the fit is a pure function of its
+# inputs, so a window that poses exactly the problem of one already fitted (no new samples
+# since the last reconcile, or a deployment's twin) reuses that fit instead of running Powell
+# again (~120 steady-state evaluations, ~30 ms: most of an idle reconcile's CPU,
+# docs/scale.md). Not rounded: a 0.1 % change of one input can move Powell to another basin
+# of the rough residuals (docs/decisions.md), so rounding would change fits, not only reuse
+# them. About 0.3 KiB an entry.
+FIT_CACHE = 4096
+
+
+@dataclass(frozen=True)
+class FitProblem:
+    """What one window tells the step-time fit: the deployment's physics, the traffic and
+    knobs it ran, the mean batch, the log of the mean inter-token latency and of the counted
+    mean step, and the ITL histogram's cumulative fractions at its informative bounds."""
+
+    shape: DeploymentShape
+    traffic: Traffic
+    knobs: Knobs3
+    running: float | None
+    target: float
+    step_target: float | None
+    itl_shape: tuple[tuple[float, float], ...]
+
+
+@lru_cache(maxsize=FIT_CACHE)
+def _fit_step_times(problem: FitProblem) -> tuple[tuple[float, ...], float | None]:
+    """The fitted parameters (see _params) and the fit's |log| error on the mean ITL (None
+    when the fit leaves the engine unstable at the window's load)."""
+    base = Calibration()
+
+    def evaluate(x: Sequence[float]) -> SteadyState:
+        c = _with_params(base, x)
+        return steady_state(
+            problem.traffic, problem.knobs, _curve(problem.shape, c), _costs(c),
+            running=problem.running,
+        )  # fmt: skip
+
+    def residuals(x: Sequence[float]) -> list[float]:
+        st = evaluate(x)
+        prior_terms = _prior_terms(x)
+        n = 1 + len(problem.itl_shape) + (problem.step_target is not None)
+        if not st.stable:
+            return [5.0] * n + prior_terms
+        fit = [math.log(max(st.itl_mean_s, 1e-9)) - problem.target]
+        if problem.step_target is not None:
+            fit.append(math.log(max(st.step_mean_s, 1e-9)) - problem.step_target)
+        fit += [_SHAPE_WEIGHT * (st.itl_below(b) - f) for b, f in problem.itl_shape]
+        return fit + prior_terms
+
+    x = tuple(_least_squares(residuals, _params(base)))
+    st = evaluate(x)
+    error = abs(math.log(max(st.itl_mean_s, 1e-9)) - problem.target) if st.stable else None
+    return x, error
 
 
 def _least_squares(
