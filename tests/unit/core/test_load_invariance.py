@@ -70,7 +70,7 @@ def xfail(measured: str) -> pytest.MarkDecorator:
     [
         pytest.param(
             Case("chat-8b-h100", None),
-            marks=xfail("truth 18.52; fit at 60% load 14.50, at 150% 19.19 (1.32x apart)"),
+            marks=xfail("truth 18.52; fit at 60% load 23.61, at 150% 20.45 (0.866x)"),
             id="chat-8b-h100-defaults",
         ),
         pytest.param(Case("kv-bound-8b-a100-40gb", None), id="kv-bound-defaults"),
@@ -86,27 +86,27 @@ def test_fits_from_a_quiet_and_an_overloaded_window_agree(case: Case) -> None:
     [
         pytest.param(
             Case("chat-8b-h100", Knobs(2048, 256, 0.92)),
-            marks=xfail("truth 17.93; 60% 21.56, 150% 18.88 (0.876x)"),
+            marks=xfail("truth 17.93; 60% 21.98, 150% 19.12 (0.870x)"),
             id="chat-2048",
         ),
         pytest.param(
             Case("tight-itl-8b-h100", None),
-            marks=xfail("truth 6.87; 60% 2.99, 150% 6.73 (2.25x)"),
+            marks=xfail("truth 6.87; 60% 8.77, 150% 6.56 (0.748x)"),
             id="tight-itl-defaults",
         ),
         pytest.param(
             Case("tight-itl-8b-h100", Knobs(2048, 256, 0.92)),
-            marks=xfail("truth 6.41; 60% 6.03, 150% 3.34 (0.55x)"),
+            marks=xfail("truth 6.41; 60% 6.18, 150% 3.97 (0.642x)"),
             id="tight-itl-2048",
         ),
         pytest.param(
             Case("rag-8b-a100", None),
-            marks=xfail("truth 1.18; 60% 1.37, 150% 1.15 (0.84x)"),
+            marks=xfail("truth 1.18; 60% 1.00, 150% 1.32 (1.318x)"),
             id="rag-defaults",
         ),
         pytest.param(
             Case("rag-8b-a100", Knobs(1024, 256, 0.92)),
-            marks=xfail("truth 0.85; 60% 3.35, 150% 1.40 (0.42x)"),
+            marks=xfail("truth 0.85; 60% 1.18, 150% 1.32 (1.112x)"),
             id="rag-1024",
         ),
         pytest.param(Case("kv-bound-8b-a100-40gb", Knobs(1024, 256, 0.92)), id="kv-bound-1024"),
