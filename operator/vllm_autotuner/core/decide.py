@@ -16,6 +16,7 @@ from vllm_autotuner.core.autoscaling import scale_wait
 from vllm_autotuner.core.canary import judge_canary, miss_share
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
 from vllm_autotuner.core.economics import Headroom, Worth, headroom, worth_restart
+from vllm_autotuner.core.evidence import evidence_of
 from vllm_autotuner.core.perf_model import (
     Calibration,
     PerformanceModel,
@@ -152,8 +153,8 @@ def _rollback(
     measured_state: TuningState | None = None,
 ) -> Decision:
     cand = state.candidate
-    trial = state.current_trial()
     s = measured_state or state
+    trial = s.current_trial()  # with what the trial measured, when it was judged
     if trial is not None:
         s = s.with_trial(replace(trial, ended_at=now, outcome=outcome, reason=reason))
     if kind is not None and cand is not None:
@@ -952,6 +953,7 @@ def _conclude(
             gmu_rise_step=policy.gmu_rise_step,
             min_gain_pct=policy.min_gain_pct,
             slo_violated=diag.violates_slo,
+            evidence=evidence_of(state),
         )
 
     res = run_search(None if trusted else diag)

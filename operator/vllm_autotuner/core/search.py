@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from vllm_autotuner.core.diagnosis import Diagnosis
+from vllm_autotuner.core.evidence import TrialEvidence, correction, residual
 from vllm_autotuner.core.perf_model import (
     Calibration,
     PerformanceModel,
@@ -218,16 +219,25 @@ def search(
     slo_violated: bool,
     max_evaluations: int = 400,
     refine_top: int = 2,
+    evidence: Sequence[TrialEvidence] = (),
 ) -> SearchResult:
     """The best knobs one rollout may reach: a coarse log-spaced pass over the whole reachable
     box, then a finer pass around its best (so a budget can go from 8192 to 704 in one move
-    when the model says so). Deterministic for the same inputs."""
+    when the model says so). Candidates' capacities answer to what finished trials measured
+    (`evidence`, core/evidence.py). Deterministic for the same inputs."""
     gmu_max = gmu_ceiling(applied, stable_gmu, gmu_rise_step)
     screened = isinstance(model, Screened)
     stage_model, stage_cal = (
         model.screen(calibration) if isinstance(model, Screened) else (model, calibration)
     )
     cache: dict[tuple[int, int, float], tuple[float, Prediction | None]] = {}
+    residuals = _residuals(evidence, model, workload, calibration)
+
+    def corrected(k: Knobs, p: Prediction) -> Prediction:
+        if not residuals or not p.feasible or p.capacity_rps <= 0:
+            return p
+        c = correction(k, applied, residuals)
+        return replace(p, capacity_rps=p.capacity_rps * math.exp(c))
 
     def score_of(k: Knobs, p: Prediction) -> float:
         # Most capacity first; among near-equals, the smallest move (fewer surprises).
@@ -250,7 +260,7 @@ def search(
             if allowed(k, applied, bounds, gmu_max, infeasible) is not None:
                 cache[key] = (math.inf, None)
             else:
-                p = stage_model.predict(k, workload, stage_cal, capacity=False)
+                p = corrected(k, stage_model.predict(k, workload, stage_cal, capacity=False))
                 cache[key] = (score_of(k, p), p)
         return cache[key][0]
 
@@ -267,7 +277,7 @@ def search(
     best_score, best_pred = cache[key]
     if best_pred is not None and not best_pred.feasible:
         # Ranked without its capacity (it misses the SLO now); the proposal states it.
-        best_pred = stage_model.predict(best, workload, stage_cal)
+        best_pred = corrected(best, stage_model.predict(best, workload, stage_cal))
     current = model.predict(applied, workload, calibration)
     if screened:
         # The slow model judges only the screen's best few (and the current knobs).
@@ -280,7 +290,7 @@ def search(
         best_score, best_pred = math.inf, None
         for key in finalists:
             k = Knobs(*key)
-            p = model.predict(k, workload, calibration)
+            p = corrected(k, model.predict(k, workload, calibration))
             sc = score_of(k, p)
             if sc < best_score:
                 best, best_score, best_pred = k, sc, p
@@ -305,6 +315,7 @@ def search(
     numbers = (
         f"predicted capacity {best_pred.capacity_rps:.2f} req/s/pod vs {base:.2f} now "
         f"({_pct(gain)}), TTFT {best_pred.ttft_ms:.0f} ms, ITL {best_pred.itl_ms:.1f} ms"
+        + _evidence_note(best, applied, residuals)
     )
     if best.same_as(applied):
         return SearchResult(
@@ -355,6 +366,29 @@ def search(
         f"worth a rollout ({numbers})",
         evaluated,
     )
+
+
+def _residuals(
+    evidence: Sequence[TrialEvidence],
+    model: PerformanceModel,
+    workload: Workload,
+    calibration: Calibration,
+) -> list[tuple[Knobs, float]]:
+    """(knobs, log of measured over predicted now) for each trial the model predicts."""
+    out = []
+    for e in evidence:
+        r = residual(e.capacity_rps, model.predict(e.knobs, workload, calibration).capacity_rps)
+        if r is not None:
+            out.append((e.knobs, r))
+    return out
+
+
+def _evidence_note(k: Knobs, applied: Knobs, residuals: Sequence[tuple[Knobs, float]]) -> str:
+    c = correction(k, applied, residuals)
+    if abs(c) < 0.01:
+        return ""
+    shift = _pct((math.exp(c) - 1.0) * 100.0)
+    return f" (after {shift} from what {len(residuals)} earlier trials measured)"
 
 
 def _pct(gain: float) -> str:

@@ -8,7 +8,8 @@ and a rollout cannot follow a conclusion faster than the policy's minInterval an
 
 A memo answers again only while everything the search's hard constraints depend on is
 unchanged (applied knobs, bounds, known-infeasible configurations, the proven-stable memory
-level, the diagnosis' kind and directions, which SLO targets are violated), the workload and
+level, the diagnosis' kind and directions, which SLO targets are violated, what finished trials
+measured), the workload and
 the calibration have not drifted by more than `DRIFT`, and it is younger than the evaluation
 window. Anything else is new evidence and runs the search again.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from vllm_autotuner.core.diagnosis import Diagnosis, Directions
+from vllm_autotuner.core.evidence import TrialEvidence, evidence_of
 from vllm_autotuner.core.perf_model import Calibration, Workload
 from vllm_autotuner.core.search import SearchResult
 from vllm_autotuner.core.tuning_types import (
@@ -55,6 +57,7 @@ class SearchInputs:
     diagnosis_kind: str
     directions: Directions
     violated: tuple[str, ...]
+    evidence: tuple[TrialEvidence, ...] = ()
 
     @classmethod
     def of(
@@ -73,6 +76,7 @@ class SearchInputs:
             diagnosis_kind=diagnosis.kind,
             directions=diagnosis.directions,
             violated=tuple(sorted(v[0] for v in diagnosis.violations)),
+            evidence=evidence_of(state),
         )
 
 

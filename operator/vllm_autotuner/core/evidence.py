@@ -1,0 +1,84 @@
+"""What finished trials measured, as evidence every later prediction must answer to.
+
+The model is calibrated on the window of the knobs that run now, and predicts other knobs from
+there. Far from them it can be wrong in a way one window cannot show: on bench/tuning's
+chat-8b-h100, calibrated at 512/512, it put 896 batched tokens at 33.9 req/s/pod, and three
+canaries of 896 with 360, 512 and 664 sequences each measured about 25 (the truth: 24.5). A
+finished trial's canary (or its verified window) measured the capacity of its knobs; the
+trials in status are observations, as in Bayesian optimisation.
+
+The search therefore corrects a candidate's predicted capacity by the log residuals
+(measured over predicted, both now) of the trials near it, weighted by a Gaussian kernel in
+log token budget, log sequences and memory, and shrunk towards no correction. The knobs that
+run now are an observation too, with no residual: the current window is their measurement, so
+the correction fades towards them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vllm_autotuner.core.tuning_types import Knobs, TuningState
+
+# Kernel length scales: a trial says most about knobs within ~25 % of its token budget (the
+# step-time shape changes fast with the chunk size), less per unit of sequences, and memory
+# within a few points.
+SCALE_TOKENS = 0.25
+SCALE_SEQS = 0.5
+SCALE_GMU = 0.03
+# Weight of "no correction" against one observation at the same knobs: the measurement is one
+# window, so a trial right on a candidate moves it by 1 / (1 + SHRINK) of its residual.
+SHRINK = 0.5
+# Residuals are bounded: no single window says a prediction is off more than 3x either way.
+MAX_RESIDUAL = math.log(3.0)
+
+
+@dataclass(frozen=True)
+class TrialEvidence:
+    """A finished trial's knobs and the capacity per pod measured on its own window."""
+
+    knobs: Knobs
+    capacity_rps: float
+
+
+def evidence_of(state: TuningState) -> tuple[TrialEvidence, ...]:
+    """The finished trials that measured a capacity, other than the knobs that run now (their
+    current window is newer evidence than any trial of them)."""
+    out = []
+    for t in state.trials:
+        if t.outcome not in ("Committed", "RolledBack") or t.measured is None:
+            continue
+        cap = t.measured.capacity_rps
+        if cap is None or cap <= 0 or t.knobs.same_as(state.applied):
+            continue
+        out.append(TrialEvidence(t.knobs, cap))
+    return tuple(out)
+
+
+def _weight(a: Knobs, b: Knobs) -> float:
+    d2 = (
+        (math.log(a.max_num_batched_tokens / b.max_num_batched_tokens) / SCALE_TOKENS) ** 2
+        + (math.log(a.max_num_seqs / b.max_num_seqs) / SCALE_SEQS) ** 2
+        + ((a.gpu_memory_utilization - b.gpu_memory_utilization) / SCALE_GMU) ** 2
+    )
+    return math.exp(-0.5 * d2)
+
+
+def residual(measured: float, predicted: float) -> float | None:
+    """log(measured / predicted), bounded; None when the model predicts nothing there."""
+    if predicted <= 0 or measured <= 0:
+        return None
+    r = math.log(measured / predicted)
+    return max(-MAX_RESIDUAL, min(MAX_RESIDUAL, r))
+
+
+def correction(k: Knobs, applied: Knobs, residuals: Sequence[tuple[Knobs, float]]) -> float:
+    """The log factor to multiply a prediction for `k` by: the kernel-weighted mean of the
+    residuals, with the applied knobs' zero residual and SHRINK's zero among them."""
+    if not residuals:
+        return 0.0
+    weights = [(_weight(k, knobs), r) for knobs, r in residuals]
+    total = SHRINK + _weight(k, applied) + sum(w for w, _ in weights)
+    return sum(w * r for w, r in weights) / total
