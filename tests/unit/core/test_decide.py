@@ -418,3 +418,14 @@ def test_engine_backed_decide_fixes_a_violation_the_engine_confirms() -> None:
     obs = Observation(after, ready_pods(d.knobs_to_apply))
     v = decide(verifying, obs, policy, ENGINE_CTX, NOW + timedelta(seconds=1), model)
     assert v.action == ("commit" if after.itl.p95_ms <= threshold else "rollback"), v.reason
+
+
+def test_a_rolled_back_trial_keeps_what_its_window_measured() -> None:
+    """The search reads finished trials as evidence (core/evidence.py): a regression's window
+    is the evidence, so it stays on the trial (it used to be dropped at the rollback)."""
+    regress = next(t for t in _transitions() if t[0] == "regress")
+    _, state, pods, snap, dt, *_ = regress
+    d = run(state, snap, now=NOW + timedelta(seconds=dt), pods=pods)
+    assert d.action == "rollback", d.reason
+    measured = d.new_state.trials[-1].measured
+    assert measured is not None and measured.request_rate > 0
