@@ -53,7 +53,7 @@ from vllm_autotuner.core.knob_defaults import default_knobs
 from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
 from vllm_autotuner.core.search_memo import SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Scaling, Snapshot
-from vllm_autotuner.core.topology import canary_running, topology
+from vllm_autotuner.core.topology import Topology, canary_running, topology
 from vllm_autotuner.core.tuning_types import (
     Bounds,
     DeploymentContext,
@@ -642,8 +642,8 @@ def _predictions(
     return out
 
 
-def _capacity(state: TuningState) -> float | None:
-    published = published_capacity(state)
+def _capacity(state: TuningState, topo: Topology) -> float | None:
+    published = published_capacity(state, topo)
     return None if published is None else published.per_replica_rps
 
 
@@ -686,7 +686,9 @@ def run_ours(
     live = [state]  # the operator's state now, for the autoscaler's writes between reconciles
     world.render = lambda n: topology(live[0], replace(base_ctx, replicas=n))
     if world.autoscaler is not None:
-        world.autoscaler.capacity = lambda: _capacity(live[0])
+        world.autoscaler.capacity = lambda: _capacity(
+            live[0], topology(live[0], replace(base_ctx, replicas=world.replica_target))
+        )
     t = 0.0
     try:
         while t < world.horizon - 1e-9:

@@ -383,7 +383,7 @@ class Controller:
         fields["tuning"] = tuning
         if tuned.scaling is not None:
             fields["scaling"] = scaling_to_status(tuned.scaling, owner_kind)
-        capacity = published_capacity(tuned.state) if tuned.state is not None else None
+        capacity = published_capacity(tuned.state, topo) if tuned.state is not None else None
         fields["capacity"] = keep_stamp(
             {"_": None if capacity is None else capacity.to_status()},
             {"_": previous.get("capacity")},
@@ -702,7 +702,7 @@ class Controller:
                 name,
                 [(m, t.percentile, t.threshold_ms) for m, t in policy.slo.targets()],
             )
-            self._publish_capacity(namespace, name, new, snapshot, policy.slo)
+            self._publish_capacity(namespace, name, new, topo, snapshot, policy.slo)
             self.metrics.decisions.labels(namespace, name, decision.action).inc()
             if decision.action == "rollout":
                 self.metrics.rollouts.labels(namespace, name).inc()
@@ -762,13 +762,19 @@ class Controller:
         )
 
     def _publish_capacity(
-        self, namespace: str, name: str, state: TuningState, snapshot: Snapshot, slo: SLO
+        self,
+        namespace: str,
+        name: str,
+        state: TuningState,
+        topo: Topology,
+        snapshot: Snapshot,
+        slo: SLO,
     ) -> None:
         """Per replica: what status.capacity says ("predicted": the calibrated model's capacity
         for the knobs the pods run, core/autoscaling.published_capacity) and, when the window
         met the SLO, the rate one pod served in it: a measured lower bound."""
         assert self.metrics is not None
-        published = published_capacity(state)
+        published = published_capacity(state, topo)
         predicted = None if published is None else published.per_replica_rps
         self.metrics.set_capacity(namespace, name, "predicted", predicted)
         met = _slo_met(snapshot, slo) if snapshot.available else None

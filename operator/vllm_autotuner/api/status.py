@@ -207,8 +207,11 @@ class CapacityStatus(StatusModel):
     source: Literal["Model", "Verified", "Trial"] | None = Field(
         default=None,
         description="Model: predicted for the applied knobs from the latest window. Verified: "
-        "measured when these knobs were committed (until the next window is judged). Trial: the "
-        "lower of the last good knobs' and the candidate's while a trial runs on every pod.",
+        "measured when these knobs were committed (until the next window is judged). Trial: "
+        "while a trial runs: during a canary, the count's pods weighted (a canary pod that takes "
+        "a stable pod's place at the lower of its capacity and the last good knobs'; a surge "
+        "canary pod adds nothing); during a rolling trial or a promotion, the lower of the last "
+        "good knobs' and the candidate's.",
     )
     time: Timestamp | None = None
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from vllm_autotuner.core.rollout import pod_failure
 from vllm_autotuner.core.snapshot import Observation, Scaling, Snapshot
+from vllm_autotuner.core.topology import Topology, canary_running
 from vllm_autotuner.core.tuning_types import Action, Knobs, TuningPolicy, TuningState
 
 Owner = Literal["VLLMDeployment", "Deployment"]
@@ -144,41 +145,87 @@ class Capacity:
         return out
 
 
-def published_capacity(state: TuningState) -> Capacity | None:
-    """Requests/s one replica serves within the SLO with the knobs its pods run now.
+def published_capacity(state: TuningState, topo: Topology) -> Capacity | None:
+    """Requests/s one replica of the count (the autoscaler's) serves within the SLO with the
+    pods that run now (`topo`: the Deployments the state calls for at that count).
 
-    - the applied knobs are the last good ones: the model's prediction for them from the latest
+    - No trial: the last good knobs' capacity: the model's prediction for them from the latest
       judged window, or, until one is judged, what they were committed with (so the number
-      changes at once when a new configuration commits);
-    - a trial runs on every pod (rolling, or a canary being promoted): the lower of the last
-      good knobs' and the candidate's, since the trial can still be rolled back.
+      changes at once when a new configuration commits).
+    - A canary: the count's pods weighted. The stable pods run the last good knobs. A canary
+      pod that stands in for a stable one (no surge) counts at the lower of the candidate's
+      capacity and the last good's; a surge canary pod is on top of the count and leaves with
+      the trial, so it adds nothing: the number stays the last good knobs'.
+    - A rolling trial or a promotion (the candidate replaces every pod, and can still be
+      rolled back): the lower of the last good knobs' capacity and the candidate's.
+
+    During a trial the number never exceeds the last good knobs' (when known): a candidate
+    that fails later has never been promised.
     """
-    applied, good = state.applied, state.last_good
-    check = state.model_check
+    good = _last_good_capacity(state)
+    if canary_running(state):
+        return _canary_capacity(state, topo, good)
+    if state.applied.same_as(state.last_good):
+        return good
+    known = [c for c in (_value(good), _candidate_capacity(state)) if c is not None]
+    if not known:
+        return None
+    return Capacity(min(known), state.applied, "Trial", state.rollout_started_at)
+
+
+def _value(cap: Capacity | None) -> float | None:
+    return None if cap is None else cap.per_replica_rps
+
+
+def _last_good_capacity(state: TuningState) -> Capacity | None:
+    good, check = state.last_good, state.model_check
+    if check is not None and check.knobs.same_as(good) and check.predicted_capacity_rps > 0:
+        return Capacity(check.predicted_capacity_rps, good, "Model", check.time)
     base = state.baseline.capacity_rps if state.baseline is not None else None
-    if not applied.same_as(good):
-        known = [c for c in (base, _candidate_capacity(state)) if c is not None and c > 0]
-        if not known:
-            return None
-        return Capacity(min(known), applied, "Trial", state.rollout_started_at)
-    if check is not None and check.knobs.same_as(applied) and check.predicted_capacity_rps > 0:
-        return Capacity(check.predicted_capacity_rps, applied, "Model", check.time)
+    ended = [t.ended_at for t in state.trials if t.ended_at and t.knobs.same_as(good)]
+    when = max(ended) if ended else None
     if base is not None and base > 0:
-        ended = [t.ended_at for t in state.trials if t.ended_at and t.knobs.same_as(applied)]
-        return Capacity(base, applied, "Verified", max(ended) if ended else None)
-    return None
+        return Capacity(base, good, "Verified", when)
+    # Committed without a capacity of its own (a canary promoted early because it fixed the
+    # baseline's violation): the lower of the replaced knobs' (the model's last number) and
+    # its own prediction, until its first window is judged.
+    committed = any(t.outcome == "Committed" and t.knobs.same_as(good) for t in state.trials)
+    if not committed or check is None:
+        return None
+    known = [c for c in (check.predicted_capacity_rps, _predicted(state, good)) if c and c > 0]
+    return Capacity(min(known), good, "Verified", when) if known else None
+
+
+def _canary_capacity(state: TuningState, topo: Topology, good: Capacity | None) -> Capacity | None:
+    if good is None:
+        return None
+    base = good.per_replica_rps
+    cand = _candidate_capacity(state)
+    stand_in = topo.canary_replicas if topo.max_surge <= 0 else 0
+    count = topo.stable_replicas + stand_in
+    if count <= 0:
+        return good
+    per_canary = base if cand is None else min(base, cand)
+    # (stable * base + stand_in * per_canary) / count, exact when no canary stands in
+    value = base - stand_in * (base - per_canary) / count
+    return Capacity(value, state.applied, "Trial", state.rollout_started_at)
 
 
 def _candidate_capacity(state: TuningState) -> float | None:
     cand = state.candidate if state.candidate is not None else state.applied
     if state.analysis is not None and state.analysis.canary is not None:
         measured = state.analysis.canary.capacity_rps
-        if measured is not None:
+        if measured is not None and measured > 0:
             return measured
+    return _predicted(state, cand)
+
+
+def _predicted(state: TuningState, knobs: Knobs) -> float | None:
+    """The capacity the recommendation predicted for `knobs` (None: not recommended)."""
     rec = state.recommendation
-    if rec is not None and rec.knobs.same_as(cand) and rec.predicted is not None:
-        return rec.predicted.capacity_rps
-    return None
+    if rec is None or rec.predicted is None or not rec.knobs.same_as(knobs):
+        return None
+    return rec.predicted.capacity_rps if rec.predicted.capacity_rps > 0 else None
 
 
 # --------------------------------------------------------------------------- ownership

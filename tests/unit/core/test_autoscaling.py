@@ -38,13 +38,16 @@ from vllm_autotuner.core.economics import keep_time_s, replicas_freed_requests, 
 from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.rollout import pod_failure
 from vllm_autotuner.core.snapshot import Observation, Scaling
+from vllm_autotuner.core.topology import Topology
 from vllm_autotuner.core.tuning_types import (
+    CanaryAnalysis,
     Knobs,
     Measured,
     ModelCheck,
     PodHealth,
     Predicted,
     Recommendation,
+    Trial,
     TuningState,
 )
 
@@ -225,11 +228,41 @@ def _check(knobs: Knobs, cap: float) -> ModelCheck:
     return ModelCheck(NOW, knobs, 3.0, cap, 0.8, 0.8, 0.01, True)
 
 
+ONE = Topology(KNOBS, 1)
+
+
+def _rec(knobs: Knobs, cap: float) -> Recommendation:
+    return Recommendation(knobs, "r", Predicted(cap, 300.0, 20.0), 50.0, NOW)
+
+
+def _canary(
+    base: float, cand: float, stable: int, surge: int, analysed: float | None = None
+) -> tuple[TuningState, Topology]:
+    """A canary of CAND beside `stable` pods of KNOBS (their capacity `base`), the candidate
+    predicted at `cand` and, once the window is judged, measured at `analysed`."""
+    state = TuningState(
+        applied=KNOBS,
+        last_good=KNOBS,
+        phase="Verifying",
+        candidate=CAND,
+        strategy="Canary",
+        rollout_started_at=NOW,
+        model_check=_check(KNOBS, base),
+        recommendation=_rec(CAND, cand),
+        analysis=None
+        if analysed is None
+        else CanaryAnalysis(
+            NOW, 300.0, Measured(4.0), Measured(4.0, capacity_rps=analysed), "", ""
+        ),
+    )
+    return state, Topology(KNOBS, stable, CAND, surge)
+
+
 def test_capacity_is_the_models_for_the_applied_knobs() -> None:
     state = replace(TuningState.initial(KNOBS), model_check=_check(KNOBS, 6.5))
-    cap = published_capacity(state)
+    cap = published_capacity(state, ONE)
     assert cap is not None and (cap.per_replica_rps, cap.source, cap.knobs) == (6.5, "Model", KNOBS)
-    assert published_capacity(TuningState.initial(KNOBS)) is None  # nothing known yet
+    assert published_capacity(TuningState.initial(KNOBS), ONE) is None  # nothing known yet
 
 
 def test_capacity_changes_at_once_when_a_configuration_commits() -> None:
@@ -238,30 +271,168 @@ def test_capacity_changes_at_once_when_a_configuration_commits() -> None:
         verifying,
         baseline=Measured(4.0, 300.0, 80.0, None, 0.9, 5.0),
         model_check=_check(KNOBS, 5.0),
-        recommendation=Recommendation(CAND, "r", Predicted(9.0, 300.0, 20.0), 80.0, NOW),
+        recommendation=_rec(CAND, 9.0),
     )
-    during = published_capacity(verifying)
+    topo = Topology(CAND, 1)
+    during = published_capacity(verifying, topo)
     assert during is not None and during.source == "Trial" and during.per_replica_rps == 5.0
     snap = make_snapshot(CAND, itl_p95=30.0, time=NOW)
     d = decide(
         verifying, Observation(snap, ready_pods(CAND)), make_policy(), CTX, NOW, AnalyticModel()
     )
     assert d.action == "commit", d.reason
-    after = published_capacity(d.new_state)
+    after = published_capacity(d.new_state, topo)
     assert after is not None and after.knobs == CAND and after.source == "Verified"
     assert d.new_state.baseline is not None
     assert after.per_replica_rps == d.new_state.baseline.capacity_rps
     assert after.per_replica_rps != during.per_replica_rps
 
 
-def test_a_trial_publishes_the_lower_of_last_good_and_candidate() -> None:
-    state = replace(
-        rolling_state(CAND),
-        baseline=Measured(4.0, capacity_rps=7.0),
-        recommendation=Recommendation(CAND, "r", Predicted(3.0, 300.0, 20.0), 5.0, NOW),
-    )
-    cap = published_capacity(state)
+def test_a_rolling_trial_publishes_the_lower_of_last_good_and_candidate() -> None:
+    state = replace(rolling_state(CAND), model_check=_check(KNOBS, 7.0))
+    state = replace(state, recommendation=_rec(CAND, 3.0))
+    cap = published_capacity(state, Topology(CAND, 4, None, 1))
     assert cap is not None and (cap.per_replica_rps, cap.source) == (3.0, "Trial")
+    better = published_capacity(replace(state, recommendation=_rec(CAND, 30.0)), ONE)
+    assert better is not None and better.per_replica_rps == 7.0  # a trial can still roll back
+
+
+def test_a_surge_canary_leaves_the_count_at_the_last_good_capacity() -> None:
+    """The surge pod is on top of the count and leaves with the trial: per replica of the
+    count, the fleet carries what the stable pods carry, however good or bad the candidate."""
+    for cand, analysed in ((40.0, None), (2.0, None), (40.0, 1.0)):
+        state, topo = _canary(20.0, cand, stable=3, surge=1, analysed=analysed)
+        cap = published_capacity(state, topo)
+        assert cap is not None and (cap.per_replica_rps, cap.source) == (20.0, "Trial")
+        assert cap.knobs == KNOBS  # the knobs the stable pods run
+
+
+def test_a_canary_that_takes_a_stable_pods_place_weighs_in_at_its_lower_capacity() -> None:
+    """Without surge, one of the count's 4 pods is the canary: 3 at 20 req/s and the canary at
+    the lower of its 8 req/s and 20 req/s give 17 per replica; a better canary counts at 20,
+    never more (it is not verified yet)."""
+    worse, topo = _canary(20.0, 8.0, stable=3, surge=0)
+    cap = published_capacity(worse, topo)
+    assert cap is not None and cap.per_replica_rps == pytest.approx((3 * 20.0 + 8.0) / 4)
+    better, topo = _canary(20.0, 40.0, stable=3, surge=0)
+    assert published_capacity(better, topo) == published_capacity(replace(better), topo)
+    cap = published_capacity(better, topo)
+    assert cap is not None and cap.per_replica_rps == pytest.approx(20.0)
+    # The judged window's own capacity replaces the prediction once there is one.
+    judged, topo = _canary(20.0, 40.0, stable=3, surge=0, analysed=4.0)
+    cap = published_capacity(judged, topo)
+    assert cap is not None and cap.per_replica_rps == pytest.approx((3 * 20.0 + 4.0) / 4)
+    alone, topo = _canary(20.0, 8.0, stable=0, surge=0)  # one replica: the canary is all of it
+    cap = published_capacity(alone, topo)
+    assert cap is not None and cap.per_replica_rps == pytest.approx(8.0)
+
+
+def test_a_commit_without_a_measured_capacity_keeps_a_number() -> None:
+    """A canary promoted early (it fixed the baseline's violation) commits without a capacity
+    of its own: the number stays published (the lower of the replaced knobs' and the
+    candidate's prediction) instead of falling to the autoscaler's fallback."""
+    state = TuningState(
+        applied=CAND,
+        last_good=CAND,
+        phase="Committed",
+        baseline=Measured(4.0),
+        model_check=_check(KNOBS, 12.0),
+        recommendation=_rec(CAND, 30.0),
+        trials=(Trial(1, CAND, NOW, NOW + timedelta(minutes=20), "Committed"),),
+    )
+    cap = published_capacity(state, ONE)
+    assert cap is not None and (cap.per_replica_rps, cap.source, cap.knobs) == (
+        12.0,
+        "Verified",
+        CAND,
+    )
+    assert cap.time == NOW + timedelta(minutes=20)
+
+
+def test_a_canary_rollback_publishes_the_last_good_capacity_at_once() -> None:
+    state, _ = _canary(20.0, 8.0, stable=3, surge=0)
+    crashed = (
+        *ready_pods(KNOBS, 3),
+        PodHealth(ready=False, revision_knobs=CAND, name="c", restarts=3,
+                  waiting_reason="CrashLoopBackOff"),
+    )  # fmt: skip
+    d = decide(
+        state, Observation(make_snapshot(), crashed), make_policy(), CTX, NOW, AnalyticModel()
+    )
+    assert d.action == "rollback", d.reason
+    after = published_capacity(d.new_state, Topology(KNOBS, 4))
+    assert after is not None and (after.per_replica_rps, after.knobs) == (20.0, KNOBS)
+
+
+CAPACITIES = st.one_of(st.none(), st.floats(0.5, 60.0))
+
+
+@st.composite
+def trial_states(draw: st.DrawFn) -> tuple[TuningState, Topology, float | None, float | None]:
+    """Any state a published number can come from: no trial, a rolling trial, a canary in any
+    phase, promoted; the last good knobs' capacity and the candidate's known or not. Also the
+    last good and candidate capacities it was built with."""
+    base, cand, analysed = draw(CAPACITIES), draw(CAPACITIES), draw(CAPACITIES)
+    kind = draw(st.sampled_from(["none", "rolling", "canary", "promoting"]))
+    phase = {"none": draw(st.sampled_from(["Idle", "Observing", "Committed", "RolledBack"])),
+             "rolling": draw(st.sampled_from(["RollingOut", "Verifying"])),
+             "canary": draw(st.sampled_from(["RollingOut", "Verifying"])),
+             "promoting": "Promoting"}[kind]  # fmt: skip
+    check_on = draw(st.sampled_from([KNOBS, CAND]))  # CAND: a check of other knobs
+    committed = draw(st.booleans())  # the last good knobs came from a trial
+    state = TuningState(
+        applied=KNOBS if kind in ("none", "canary") else CAND,
+        last_good=KNOBS,
+        phase=phase,  # type: ignore[arg-type]
+        candidate=None if kind == "none" else CAND,
+        strategy="Canary" if kind in ("canary", "promoting") else "Rolling",
+        rollout_started_at=None if kind == "none" else NOW,
+        model_check=None if base is None else _check(check_on, base),
+        baseline=draw(st.sampled_from([None, Measured(4.0, capacity_rps=base)])),
+        recommendation=None if cand is None else _rec(CAND, cand),
+        trials=(Trial(1, KNOBS, NOW, NOW, "Committed"),) if committed else (),
+        analysis=None
+        if analysed is None or kind == "rolling"
+        else CanaryAnalysis(
+            NOW, 300.0, Measured(4.0), Measured(4.0, capacity_rps=analysed), "", ""
+        ),
+    )
+    surge = draw(st.integers(0, 2))  # a canary runs beside at least one replica's worth
+    stable = draw(st.integers(1 if surge else 0, 8))
+    topo = Topology(state.applied, stable, CAND if kind == "canary" else None, surge)
+    good = None
+    if base is not None and (check_on == KNOBS or state.baseline is not None or committed):
+        good = base
+    can = analysed if state.analysis is not None and analysed is not None else cand
+    return state, topo, good, can
+
+
+@given(trial_states())
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+def test_the_published_capacity_never_promises_more_than_the_pods_can_carry(
+    drawn: tuple[TuningState, Topology, float | None, float | None],
+) -> None:
+    """For the knobs the stable pods run; equal to the last good knobs' when no trial runs;
+    during a trial never above the last good knobs' capacity (a candidate that fails later was
+    never promised) nor below the lower of the two, so never above the higher of the two."""
+    state, topo, good, cand = drawn
+    cap = published_capacity(state, topo)
+    in_trial = state.candidate is not None
+    if cap is None:  # nothing known of what the pods carry
+        assert good is None and (not in_trial or cand is None or topo.canary is not None)
+        return
+    assert cap.knobs == state.applied and cap.per_replica_rps > 0
+    if not in_trial:
+        assert good is None or cap.per_replica_rps == good
+        assert cap.source in ("Model", "Verified")
+        return
+    assert cap.source == "Trial"
+    known = [c for c in (good, cand) if c is not None]
+    assert min(known) - 1e-9 <= cap.per_replica_rps <= max(known) + 1e-9
+    if good is not None:
+        assert cap.per_replica_rps <= good + 1e-9
+    if topo.canary is not None and topo.max_surge > 0 and good is not None:
+        assert cap.per_replica_rps == good  # a surge canary adds nothing to the count
 
 
 # ----------------------------------------------------------------------------- ownership
