@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,7 +183,12 @@ class Demo:
         cfg = self.config
         cfg.out.mkdir(parents=True, exist_ok=True)
         workdir = cfg.out / "run"
-        workdir.mkdir(parents=True, exist_ok=True)
+        if workdir.exists():
+            # A previous demo's cluster state (etcd, pods, Prometheus): a new demo starts
+            # from an empty cluster, as its report describes one run.
+            self.say(f"removing the previous demo's cluster state in {workdir}")
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
         self.say(
             f"starting the one-machine cluster (kube-apiserver, etcd, controller manager, "
             f"scheduler, node agent, Prometheus) at {cfg.time_scale:g}x speed in {workdir}"
