@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,6 +77,18 @@ DEMO_DEPLOYMENT: dict[str, Any] = {
         "tuning": {"mode": "Auto", "policyRef": "demo"},
     },
 }
+
+
+def fresh_workdir(out: Path, say: Callable[[str], None]) -> Path:
+    """`out`/run, empty. A previous demo's cluster state there (etcd, pods, Prometheus) is
+    removed: a new demo starts from an empty cluster, as its report describes one run (the
+    real control plane keeps its state, and the second demo died on 409 AlreadyExists)."""
+    workdir = out / "run"
+    if workdir.exists():
+        say(f"removing the previous demo's cluster state in {workdir}")
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    return workdir
 
 
 @dataclass(frozen=True)
@@ -182,13 +194,7 @@ class Demo:
     def run(self) -> int:
         cfg = self.config
         cfg.out.mkdir(parents=True, exist_ok=True)
-        workdir = cfg.out / "run"
-        if workdir.exists():
-            # A previous demo's cluster state (etcd, pods, Prometheus): a new demo starts
-            # from an empty cluster, as its report describes one run.
-            self.say(f"removing the previous demo's cluster state in {workdir}")
-            shutil.rmtree(workdir)
-        workdir.mkdir(parents=True)
+        workdir = fresh_workdir(cfg.out, self.say)
         self.say(
             f"starting the one-machine cluster (kube-apiserver, etcd, controller manager, "
             f"scheduler, node agent, Prometheus) at {cfg.time_scale:g}x speed in {workdir}"
