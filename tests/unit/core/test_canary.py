@@ -16,6 +16,7 @@ threshold, and only within the neighbouring bounds otherwise. The invariants:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -273,3 +274,40 @@ def test_a_canary_that_misses_less_never_gets_a_worse_verdict(
     worse_canary = judge(base, window(n_c, miss_c), final, caps)
     better_canary = judge(base, window(n_c, miss_c * less), final, caps)
     assert RANK[better_canary] >= RANK[worse_canary]
+
+
+def _at(w: Snapshot, p95_ms: float) -> Snapshot:
+    """The same window with its ITL p95 (as Prometheus shows it) at `p95_ms`."""
+    return replace(w, itl=LatencySummary(p95_ms=p95_ms, buckets=w.itl.buckets))
+
+
+@pytest.mark.parametrize(
+    ("p95_base", "p95_can", "verdict"),
+    [
+        (67.3, 72.7, "Reject"),  # make demo: both over 50, the canary more: no credit wins
+        (72.7, 67.3, "Promote"),  # both over, the canary less: the model's credit stands
+        (40.0, 45.0, "Promote"),  # both within the SLO: a latency rise is no miss
+    ],
+)
+def test_a_canary_measured_further_over_a_target_is_not_promoted_on_credit(
+    p95_base: float, p95_can: float, verdict: str
+) -> None:
+    base, can = _at(window(2000, 0.04), p95_base), _at(window(1000, 0.04), p95_can)
+    j = judge_canary(base, can, SLO_ITL, MIN_REQUESTS, 2.01, 2.15, 5.0, True)
+    assert j.verdict == verdict, j.reason
+    if verdict == "Reject":
+        assert "the canary measured 72.7 ms against the baseline's 67.3 ms" in j.reason
+
+
+@given(
+    p95_b=st.floats(10.0, 200.0),
+    p95_c=st.floats(10.0, 200.0),
+    caps=st.tuples(st.floats(0.1, 100.0), st.floats(0.1, 100.0)),
+)
+def test_no_promotion_on_credit_for_a_canary_measured_further_over_the_threshold(
+    p95_b: float, p95_c: float, caps: tuple[float, float]
+) -> None:
+    base, can = _at(window(2000, 0.03), p95_b), _at(window(1000, 0.03), p95_c)
+    verdict = judge(base, can, True, caps)
+    if p95_c > THRESHOLD and p95_c > p95_b:
+        assert verdict == "Reject"
