@@ -47,7 +47,9 @@ def test_the_correction_is_a_shrunk_mean_of_the_residuals(
         return
     rs = [r for _, r in obs]
     assert min(min(rs), 0.0) - 1e-12 <= c <= max(max(rs), 0.0) + 1e-12
-    assert abs(c) <= max(abs(r) for r in rs) / (1.0 + SHRINK) + 1e-12
+    # Shrunk: n observations weigh at most n against SHRINK's zero.
+    n = len(rs)
+    assert abs(c) <= max(abs(r) for r in rs) * n / (n + SHRINK) + 1e-12
 
 
 @settings(max_examples=100, deadline=None)
