@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -174,8 +175,14 @@ class Controller:
         observer: Observer | None = None,
         metrics: OperatorMetrics | None = None,
         model_factory: Callable[[DeploymentContext], PerformanceModel] | None = None,
+        decide_workers: int = 1,
     ) -> None:
         self.kube = kube
+        # Calibrations and searches are CPU-bound Python: they hold the GIL, so a second
+        # thread adds no throughput and takes the event loop's share. One thread of their
+        # own, not the loop's default executor, where they would also queue the Prometheus
+        # reads behind them (docs/scale.md).
+        self._decide_pool = ThreadPoolExecutor(decide_workers, thread_name_prefix="decide")
         self.clock = clock
         self.observer = observer or Observer(None, clock=clock)
         self.metrics = metrics
@@ -194,6 +201,10 @@ class Controller:
         # Children the API server refused, by (namespace, name, kind): not re-sent unchanged
         # before their back-off ends.
         self._rejected: dict[tuple[str, str, str], Rejection] = {}
+
+    def close(self) -> None:
+        """Stop the decision thread (decisions queued behind the running one are dropped)."""
+        self._decide_pool.shutdown(wait=False, cancel_futures=True)
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One reconcile at a time per object: the periodic one and the event handlers share it."""
@@ -680,8 +691,9 @@ class Controller:
                     handled = (*handled, command)
         decision = by_hand
         if decision is None:
-            decision = await asyncio.to_thread(
-                decide, state, observation, policy, ctx, now, model, origin, memo
+            decision = await asyncio.get_running_loop().run_in_executor(
+                self._decide_pool,
+                partial(decide, state, observation, policy, ctx, now, model, origin, memo),
             )
         if decision.search_memo is not None:
             self._searches[key] = decision.search_memo

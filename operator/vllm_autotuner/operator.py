@@ -264,6 +264,7 @@ def build_registry(
         for task in background + periodic:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(task, timeout=5)
+        controller.close()
         await kube.close()
 
     @kopf.on.login(registry=registry)
