@@ -6,6 +6,12 @@ cost of each kind of reconcile (steady with a fresh search, steady reusing the l
 recommend, violated SLO) on the synthetic Llama-3.1-8B/H100 deployment of the core tests,
 and a steady reconcile whose window has moved a little since the last (new samples: the step
 -time fit runs again, the search memo still answers).
+
+"first" is a deployment's first decision in a process that has not seen its like: the
+process-wide step-curve and fit caches (perf_model.CURVE_CACHE, FIT_CACHE) are emptied before
+each sample, as for a deployment whose calibration no other deployment shares. Without that, the
+repeats would fit the window once and reuse it (what 1,000 identical deployments in bench.scale
+do, and a real fleet does not).
 """
 
 from __future__ import annotations
@@ -29,14 +35,18 @@ from tests.unit.core.test_decide import (
 )
 
 from vllm_autotuner.core.decide import decide
+from vllm_autotuner.core import perf_model
 from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.snapshot import Observation
 from vllm_autotuner.core.tuning_types import TuningState
 
 
-def _time(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+def _time(fn: Callable[[], object], repeat: int, cold: bool = False) -> tuple[float, float]:
     samples = []
     for _ in range(repeat):
+        if cold:
+            perf_model._fit_step_times.cache_clear()
+            perf_model._shared_curve.cache_clear()
         t0 = time.process_time()
         fn()
         samples.append(time.process_time() - t0)
@@ -63,7 +73,7 @@ def main() -> int:
         reuse = functools.partial(
             decide, state, obs, policy, CTX, later, model, KNOBS, first.search_memo
         )
-        t_first, _ = _time(fresh, repeat)
+        t_first, _ = _time(fresh, repeat, cold=True)
         t_again, t_max = _time(reuse, repeat)
         print(f"{name:<28} {t_first * 1e3:>10.1f} {t_again * 1e3:>10.1f} {t_max * 1e3:>10.1f}")
     print(f"{'Auto, healthy, moved window':<28} {'':>10} {_moved(state, model, repeat):>10.1f}")

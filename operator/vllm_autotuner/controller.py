@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -165,6 +166,15 @@ def _knobs_from_status(raw: Mapping[str, Any] | None) -> Knobs | None:
         return None
 
 
+def reuses(memo: SearchMemo | None, now: datetime, policy: TuningPolicy) -> bool:
+    """Whether a decision will most likely reuse `memo` instead of searching: it is younger
+    than the evaluation window (SearchMemo.answers also wants the evidence unchanged)."""
+    if memo is None:
+        return False
+    age = (now - memo.time).total_seconds()
+    return 0.0 <= age < policy.evaluation_window_s
+
+
 class Controller:
     def __init__(
         self,
@@ -174,8 +184,18 @@ class Controller:
         observer: Observer | None = None,
         metrics: OperatorMetrics | None = None,
         model_factory: Callable[[DeploymentContext], PerformanceModel] | None = None,
+        decide_workers: int = 1,
     ) -> None:
         self.kube = kube
+        # Calibrations and searches are CPU-bound Python: they hold the GIL, so more threads
+        # add no throughput and take the event loop's share. Threads of their own, not the
+        # loop's default executor, where they would also queue the Prometheus reads behind
+        # them (docs/scale.md). A decision that will most likely reuse its last search (a
+        # few ms when the window has not moved) has a lane of its own, so that it never
+        # waits behind other deployments' searches (~100 ms each, a storm of them when many
+        # deployments start at once or their searches expire together).
+        self._decide_pool = ThreadPoolExecutor(decide_workers, thread_name_prefix="decide")
+        self._reuse_pool = ThreadPoolExecutor(1, thread_name_prefix="decide-reuse")
         self.clock = clock
         self.observer = observer or Observer(None, clock=clock)
         self.metrics = metrics
@@ -194,6 +214,11 @@ class Controller:
         # Children the API server refused, by (namespace, name, kind): not re-sent unchanged
         # before their back-off ends.
         self._rejected: dict[tuple[str, str, str], Rejection] = {}
+
+    def close(self) -> None:
+        """Stop the decision threads (decisions queued behind the running ones are dropped)."""
+        for pool in (self._decide_pool, self._reuse_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One reconcile at a time per object: the periodic one and the event handlers share it."""
@@ -680,8 +705,9 @@ class Controller:
                     handled = (*handled, command)
         decision = by_hand
         if decision is None:
-            decision = await asyncio.to_thread(
-                decide, state, observation, policy, ctx, now, model, origin, memo
+            lane = self._reuse_pool if reuses(memo, now, policy) else self._decide_pool
+            decision = await asyncio.get_running_loop().run_in_executor(
+                lane, partial(decide, state, observation, policy, ctx, now, model, origin, memo)
             )
         if decision.search_memo is not None:
             self._searches[key] = decision.search_memo

@@ -261,8 +261,12 @@ def build_registry(
     @kopf.on.cleanup(registry=registry)
     async def close_clients(**_: Any) -> None:
         stop_observing.set()
+        # Decisions queued behind the running one have neither decided nor written anything:
+        # dropped, so the reconciles in flight end within the wait below (the running one
+        # finishes and records its decision).
+        controller.close()
         for task in background + periodic:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(task, timeout=5)
         await kube.close()
 

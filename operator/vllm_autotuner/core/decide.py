@@ -38,6 +38,7 @@ from vllm_autotuner.core.rollout import (
 from vllm_autotuner.core.search import SearchResult, allowed, gmu_ceiling, is_forbidden, search
 from vllm_autotuner.core.search_memo import SearchInputs, SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
+from vllm_autotuner.core.steady_state import shared_evaluations
 from vllm_autotuner.core.tuning_types import (
     TRIAL_PHASES,
     Action,
@@ -924,6 +925,7 @@ def _memo_answers(
     return allowed(best, inputs.applied, policy.bounds, gmu_max, inputs.infeasible) is None
 
 
+@shared_evaluations()  # one memory for the searches and fallbacks of one decision
 def _conclude(
     state: TuningState,
     policy: TuningPolicy,

@@ -485,13 +485,23 @@ def _shared_curve(
     return Physics.of(shape).step_curve(bandwidth, compute, running, ctx)
 
 
+@dataclass(frozen=True)
+class _SharedCurves:
+    """The step curves of one physics and efficiency pair (a StepCurve): equal by value, so
+    steady_state's shared evaluations (one search) recognise the same curves again."""
+
+    shape: DeploymentShape
+    bandwidth: float
+    compute: float
+
+    def __call__(self, running: float, ctx_per_seq: float) -> Callable[[FloatArray], FloatArray]:
+        return _shared_curve(
+            self.shape, self.bandwidth, self.compute, _grid(running), _grid(ctx_per_seq)
+        )
+
+
 def _curve(shape: DeploymentShape, cal: Calibration) -> StepCurve:
-    bandwidth, compute = round(cal.bandwidth, 4), round(cal.compute, 4)
-
-    def at(running: float, ctx_per_seq: float) -> Callable[[FloatArray], FloatArray]:
-        return _shared_curve(shape, bandwidth, compute, _grid(running), _grid(ctx_per_seq))
-
-    return at
+    return _SharedCurves(shape, round(cal.bandwidth, 4), round(cal.compute, 4))
 
 
 def _grid(value: float) -> float:

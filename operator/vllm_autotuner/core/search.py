@@ -35,6 +35,7 @@ from vllm_autotuner.core.perf_model import (
     Screened,
     Workload,
 )
+from vllm_autotuner.core.steady_state import shared_evaluations
 from vllm_autotuner.core.tuning_types import GMU_EPSILON, Bounds, InfeasibleConfig, Knobs
 
 # Rounding grains: token budgets in multiples of 64 (a comfortable multiple of block_size 16
@@ -204,6 +205,7 @@ def allowed(
     return is_forbidden(k, infeasible)
 
 
+@shared_evaluations()  # candidates re-walk each other's rates: same numbers, less work
 def search(
     *,
     applied: Knobs,

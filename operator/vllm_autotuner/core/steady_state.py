@@ -26,7 +26,10 @@ Stability: the prefill flow must fit in the budget left by the decodes, `R` must
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -164,19 +167,7 @@ def steady_state(
     seqs_cap = float(knobs.max_seqs)
     gen_q = _lognormal_quantile(g, max(traffic.gen_p90, g * 1.0001))
 
-    # First guess of the mean step: decodes only, at Little's law's batch.
-    t_mean = float(curve_at(1.0, ctx_per_seq)(np.array([1.0]))[0])
-    r = running if running is not None else lam * g * t_mean
-    for _ in range(30):
-        r = running if running is not None else lam * g * t_mean
-        r_eff = min(r, seqs_cap)
-        t_new = float(
-            curve_at(r_eff, ctx_per_seq)(np.array([r_eff + lam * t_mean * p_mean * (1 - hit)]))[0]
-        )
-        if abs(t_new - t_mean) < 1e-4 * t_mean:
-            t_mean = t_new
-            break
-        t_mean = 0.5 * (t_mean + t_new)
+    t_mean = _mean_step(traffic, ctx_per_seq, seqs_cap, curve_at, running)
     r = running if running is not None else lam * g * t_mean
     seq_util = r / seqs_cap
     kv_util = 0.0
@@ -197,37 +188,8 @@ def steady_state(
         if token_util >= MAX_TOKEN_UTIL:
             return _unstable(f"token budget: prefill needs {token_util:.0%} of it", util)
     r_eff = min(r, seqs_cap)
-    room = max(1.0, budget - r_eff)
-    curve = curve_at(r_eff, ctx_per_seq)
-    t_steps, ttft_samples, prefill_mean = _sample_path(
-        lam, traffic, p_mean, hit, r_eff, room, curve, t_mean, costs
-    )
-    if lam * STEPS * t_mean < MIN_PATH_ARRIVALS:
-        # Arrivals this rare (none at all in the path below ~0.2 req/s on an 8B/H100) meet a
-        # lightly loaded engine: their first tokens are sampled on a path at the rate that
-        # holds MIN_PATH_ARRIVALS of them. Steps and gaps keep the true rate's path.
-        lam_ttft = MIN_PATH_ARRIVALS / (STEPS * t_mean)
-        _, ttft_samples, prefill_mean = _sample_path(
-            lam_ttft, traffic, p_mean, hit, r_eff, room, curve, t_mean, costs
-        )
-    warm = int(len(t_steps) * _WARMUP)
-    body = t_steps[warm:]
-    step_mean = float(body.mean())
-    # The running set is not constant: its size is about Poisson around the mean (requests
-    # come and go independently), and a step with more decodes is longer (more KV to read)
-    # and yields more tokens. Inter-token latencies are the steps weighted by their decodes.
-    decodes = np.maximum(1.0, r_eff + math.sqrt(max(r_eff, 1.0)) * _Z_RUN[: len(body)])
-    wider = max(1.0, r_eff * 1.25)
-    slope = (
-        float(curve_at(wider, ctx_per_seq)(np.array([wider]))[0])
-        - float(curve(np.array([r_eff]))[0])
-    ) / max(1e-9, wider - r_eff)
-    itl_steps = np.maximum(body + slope * (decodes - r_eff), 1e-6)
-    order = np.argsort(itl_steps)
-    itl_sorted = itl_steps[order]
-    itl_cum = np.cumsum(decodes[order])
-    itl_cum /= itl_cum[-1]
-    itl_mean = float(np.dot(itl_steps, decodes) / decodes.sum())
+    path = _path(lam, traffic, budget, r_eff, ctx_per_seq, curve_at, t_mean, costs)
+    step_mean = path.step_mean
     # Waiting for a sequence slot: an M/M/c queue with c = max_num_seqs servers whose service
     # is a request's decode (Sakasegawa's approximation of the mean wait; exponential tail).
     wait_mean = 0.0
@@ -239,7 +201,7 @@ def steady_state(
         ):
             if rho > 0.5:
                 wait_mean = max(wait_mean, _mmc_wait(max(1.0, servers), rho) * g * step_mean)
-    ttft_sorted = np.sort(ttft_samples)
+    itl_sorted, itl_cum, ttft_sorted = path.itl_sorted, path.itl_cum, path.ttft_sorted
 
     def itl(q: float) -> float:
         i = int(np.searchsorted(itl_cum, q, side="left"))
@@ -261,12 +223,206 @@ def steady_state(
         r_eff,
         itl,
         itl_below,
-        itl_mean,
+        path.itl_mean,
         ttft,
-        prefill_mean,
+        path.prefill_mean,
         gen_q,
         *util,
     )
+
+
+# --------------------------------------------------------------------- shared evaluations
+#
+# A search predicts ~150 candidates, and each capacity is a bisection over the rate: about
+# 2,000 steady states, most of them repeats. Candidates that differ only in max_num_seqs or
+# gpu_memory_utilization run the same sample path at the same rates whenever neither limit
+# binds (those knobs enter only the stability checks and the wait for a slot, computed apart).
+# Inside `shared_evaluations()` the two costly parts, the mean step's fixed point and the
+# sample path, are remembered by their exact inputs, so a repeat returns the same numbers
+# without the work. Scoped to one block (one search) and to the thread running it, so
+# nothing is shared between deployments and nothing outlives the search.
+
+_MEMO: ContextVar[_Memo | None] = ContextVar("steady_state_memo", default=None)
+# Sample paths kept at once in one block: the candidates of one token budget come one after
+# another in a search, each re-walking the rates of the one before (~11 each); a path holds
+# ~20 KiB of arrays.
+MEMO_PATHS = 64
+
+
+@dataclass(frozen=True)
+class _Path:
+    """What the TTFT and ITL distributions need of one sample path."""
+
+    step_mean: float
+    itl_sorted: FloatArray
+    itl_cum: FloatArray
+    itl_mean: float
+    ttft_sorted: FloatArray
+    prefill_mean: float
+
+
+class _Memo:
+    def __init__(self) -> None:
+        self.steps: dict[Hashable, tuple[float, float]] = {}
+        self.paths: OrderedDict[Hashable, _Path] = OrderedDict()
+
+    def path(self, key: Hashable, compute: Callable[[], _Path]) -> _Path:
+        found = self.paths.get(key)
+        if found is not None:
+            self.paths.move_to_end(key)
+            return found
+        found = self.paths[key] = compute()
+        if len(self.paths) > MEMO_PATHS:
+            self.paths.popitem(last=False)
+        return found
+
+
+@contextmanager
+def shared_evaluations() -> Iterator[None]:
+    """Within this block (in this thread), steady_state() reuses the fixed point and sample
+    path of any earlier call with the same inputs: same results, less work. Nested blocks
+    share the outer one's memory."""
+    if _MEMO.get() is not None:
+        yield
+        return
+    token = _MEMO.set(_Memo())
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def _mean_step(
+    traffic: Traffic,
+    ctx_per_seq: float,
+    seqs_cap: float,
+    curve_at: StepCurve,
+    running: float | None,
+) -> float:
+    """The mean step time: a damped fixed point of Little's law and the step curve."""
+    memo = _MEMO.get()
+    if memo is None:
+        return _iterate_mean_step(traffic, ctx_per_seq, seqs_cap, curve_at, running)[0]
+    # A result whose iterates never ran more requests than the cap is also the result for
+    # any larger cap (min(r, cap) was r throughout): remembered without the cap.
+    free = (traffic, ctx_per_seq, curve_at, running)
+    found = memo.steps.get(free)
+    if found is not None and found[1] <= seqs_cap:
+        return found[0]
+    capped = (*free, seqs_cap)
+    found = memo.steps.get(capped)
+    if found is not None:
+        return found[0]
+    t_mean, peak = _iterate_mean_step(traffic, ctx_per_seq, seqs_cap, curve_at, running)
+    memo.steps[free if peak <= seqs_cap else capped] = (t_mean, peak)
+    return t_mean
+
+
+def _iterate_mean_step(
+    traffic: Traffic,
+    ctx_per_seq: float,
+    seqs_cap: float,
+    curve_at: StepCurve,
+    running: float | None,
+) -> tuple[float, float]:
+    """(mean step, the most running requests any iterate assumed)."""
+    lam = max(traffic.rate, 1e-9)
+    g = max(1.0, traffic.gen_mean)
+    p_mean = max(1.0, traffic.prompt_mean)
+    hit = min(0.99, max(0.0, traffic.prefix_hit_rate))
+    # First guess of the mean step: decodes only, at Little's law's batch.
+    t_mean = float(curve_at(1.0, ctx_per_seq)(np.array([1.0]))[0])
+    peak = -math.inf
+    for _ in range(30):
+        r = running if running is not None else lam * g * t_mean
+        peak = max(peak, r)
+        r_eff = min(r, seqs_cap)
+        t_new = float(
+            curve_at(r_eff, ctx_per_seq)(np.array([r_eff + lam * t_mean * p_mean * (1 - hit)]))[0]
+        )
+        if abs(t_new - t_mean) < 1e-4 * t_mean:
+            t_mean = t_new
+            break
+        t_mean = 0.5 * (t_mean + t_new)
+    return t_mean, peak
+
+
+def _path(
+    lam: float,
+    traffic: Traffic,
+    budget: float,
+    r_eff: float,
+    ctx_per_seq: float,
+    curve_at: StepCurve,
+    t_mean: float,
+    costs: Costs,
+) -> _Path:
+    memo = _MEMO.get()
+
+    def compute() -> _Path:
+        return _sample_distributions(lam, traffic, budget, r_eff, ctx_per_seq, curve_at,
+                                     t_mean, costs)  # fmt: skip
+
+    if memo is None:
+        return compute()
+    return memo.path((traffic, budget, r_eff, ctx_per_seq, curve_at, t_mean, costs), compute)
+
+
+def _sample_distributions(
+    lam: float,
+    traffic: Traffic,
+    budget: float,
+    r_eff: float,
+    ctx_per_seq: float,
+    curve_at: StepCurve,
+    t_mean: float,
+    costs: Costs,
+) -> _Path:
+    """Step times, inter-token gaps and first tokens on one sample path at `r_eff` decodes."""
+    p_mean = max(1.0, traffic.prompt_mean)
+    hit = min(0.99, max(0.0, traffic.prefix_hit_rate))
+    room = max(1.0, budget - r_eff)
+    curve = curve_at(r_eff, ctx_per_seq)
+    t_steps, ttft_samples, prefill_mean = _sample_path(
+        lam, traffic, p_mean, hit, r_eff, room, curve, t_mean, costs
+    )
+    if lam * STEPS * t_mean < MIN_PATH_ARRIVALS:
+        # Arrivals this rare (none at all in the path below ~0.2 req/s on an 8B/H100) meet a
+        # lightly loaded engine: their first tokens are sampled on a path at the rate that
+        # holds MIN_PATH_ARRIVALS of them. Steps and gaps keep the true rate's path.
+        lam_ttft = MIN_PATH_ARRIVALS / (STEPS * t_mean)
+        _, ttft_samples, prefill_mean = _sample_path(
+            lam_ttft, traffic, p_mean, hit, r_eff, room, curve, t_mean, costs
+        )
+    warm = int(len(t_steps) * _WARMUP)
+    body = t_steps[warm:]
+    # The running set is not constant: its size is about Poisson around the mean (requests
+    # come and go independently), and a step with more decodes is longer (more KV to read)
+    # and yields more tokens. Inter-token latencies are the steps weighted by their decodes.
+    decodes = np.maximum(1.0, r_eff + math.sqrt(max(r_eff, 1.0)) * _Z_RUN[: len(body)])
+    wider = max(1.0, r_eff * 1.25)
+    slope = (
+        float(curve_at(wider, ctx_per_seq)(np.array([wider]))[0])
+        - float(curve(np.array([r_eff]))[0])
+    ) / max(1e-9, wider - r_eff)
+    itl_steps = np.maximum(body + slope * (decodes - r_eff), 1e-6)
+    order = np.argsort(itl_steps)
+    itl_cum = np.cumsum(decodes[order])
+    itl_cum /= itl_cum[-1]
+    return _Path(
+        step_mean=float(body.mean()),
+        itl_sorted=_frozen(itl_steps[order]),
+        itl_cum=_frozen(itl_cum),
+        itl_mean=float(np.dot(itl_steps, decodes) / decodes.sum()),
+        ttft_sorted=_frozen(np.sort(ttft_samples)),
+        prefill_mean=prefill_mean,
+    )
+
+
+def _frozen(a: FloatArray) -> FloatArray:
+    """`a`, read-only: a remembered path is shared by every steady state built from it."""
+    a.flags.writeable = False
+    return a
 
 
 def _mmc_wait(servers: float, rho: float) -> float:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_autotuner.core.physics import (
+    _TOKEN_GRID,
     FALLBACK_GPU,
     DeploymentShape,
     Physics,
@@ -33,6 +35,7 @@ SHAPES = [
     DeploymentShape("meta-llama/Llama-3.1-70B-Instruct", "NVIDIA-H100-80GB-HBM3", 1, 8192),
     DeploymentShape("Qwen/Qwen2.5-7B-Instruct", "NVIDIA-L40S", 1, None, "fp8"),
 ]
+MOE_SHAPE = DeploymentShape("mistralai/Mixtral-8x7B-Instruct-v0.1", "NVIDIA-H200", 2, 8192)
 shapes = st.sampled_from(SHAPES)
 budgets = st.sampled_from([256, 512, 2048, 8192, 16384])
 seqs = st.sampled_from([16, 128, 256, 1024])
@@ -150,3 +153,35 @@ def test_lognormal_sigma_reproduces_the_p90_when_it_can(mean: float, ratio: floa
     p90 = math.exp(math.log(mean) - 0.5 * sigma * sigma + 1.2816 * sigma)
     if 1.0001 < ratio < math.exp(1.2816**2 / 2) * 0.999 and sigma > 0.05:
         assert p90 == pytest.approx(mean * ratio, rel=1e-6)
+
+
+def _step_curve_point_by_point(
+    phys: Physics, bandwidth: float, compute: float, n_seqs: float, ctx_per_seq: float
+) -> list[float]:
+    """The curve's grid values as one `step_time` call per point (how it was computed before
+    the array pass), the reference the array pass must match exactly."""
+    sm = phys.step_model(bandwidth, compute)
+    seqs = max(1, round(n_seqs))
+    ctx = max(0.0, n_seqs * ctx_per_seq)
+    out = []
+    for n in _TOKEN_GRID + max(1.0, n_seqs):
+        chunk = max(0.0, n - n_seqs)
+        pairs = ctx + n_seqs + 0.5 * chunk * chunk
+        out.append(sm.step_time(int(n), seqs + (1 if n > n_seqs + 0.5 else 0), ctx, pairs))
+    return list(np.maximum.accumulate(out))
+
+
+@given(
+    shape=st.sampled_from([*SHAPES, MOE_SHAPE]),
+    n_seqs=st.floats(0.0, 1100.0),
+    ctx=st.floats(0.0, 40000.0),
+    eff=st.tuples(st.floats(0.2, 5.0), st.floats(0.2, 5.0)),
+)
+def test_the_step_curve_is_the_step_time_model_at_every_grid_point(
+    shape: DeploymentShape, n_seqs: float, ctx: float, eff: tuple[float, float]
+) -> None:
+    """Bit for bit: a fitted calibration can turn on the last digit of a step time."""
+    phys = Physics.of(shape)
+    grid = _TOKEN_GRID + max(1.0, n_seqs)
+    curve = phys.step_curve(eff[0], eff[1], n_seqs, ctx)
+    assert list(curve(grid)) == _step_curve_point_by_point(phys, eff[0], eff[1], n_seqs, ctx)

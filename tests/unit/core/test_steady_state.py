@@ -22,6 +22,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.core.test_decide import CTX, KNOBS, SLO_DEFAULT, make_snapshot
+from vllm_autotuner.core import steady_state as steady_state_module
 from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Workload, _costs
 from vllm_autotuner.core.physics import lognormal_sigma
 from vllm_autotuner.core.steady_state import (
@@ -31,6 +32,7 @@ from vllm_autotuner.core.steady_state import (
     SteadyState,
     StepCurve,
     Traffic,
+    shared_evaluations,
     steady_state,
 )
 
@@ -266,3 +268,74 @@ def test_a_fixed_running_set_is_what_calibration_sees(
     assert many.running >= few.running
     assume(many.token_util < 0.5)
     assert many.itl(0.5) >= few.itl(0.5) * (1 - 1e-9)
+
+
+# ------------------------------------------------------------------------ shared evaluations
+
+
+def _numbers(s: SteadyState) -> tuple[object, ...]:
+    """Everything a steady state tells, as plain numbers (its quantile functions sampled)."""
+    gaps = (0.001, 0.01, 0.03, 0.1)
+    return (
+        s.stable,
+        s.why,
+        s.step_mean_s,
+        s.running,
+        s.itl_mean_s,
+        s.prefill_mean_s,
+        s.token_util,
+        s.seq_util,
+        s.kv_util,
+        *(s.itl(q) for q in (0.0, *QUANTILES, 1.0)),
+        *(s.ttft(q) for q in (0.0, *QUANTILES, 1.0)),
+        *(s.itl_below(x) for x in gaps),
+        *(s.gen_steps_p(q) for q in QUANTILES),
+    )
+
+
+knob_sets = st.lists(
+    st.tuples(
+        st.sampled_from([256, 1024, 2048, 8192]),  # budget
+        st.sampled_from([8, 32, 256, 1024]),  # max_num_seqs: binding and not
+        st.sampled_from([None, 3e4, 4e5]),  # KV tokens: binding and not
+        st.floats(0.05, 40.0),  # rate
+    ),
+    min_size=2,
+    max_size=8,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(w=workloads, knobs=knob_sets, running=st.sampled_from([None, None, 12.0]))
+def test_shared_evaluations_change_no_number(
+    w: tuple[float, float, float],
+    knobs: list[tuple[int, int, float | None, float]],
+    running: float | None,
+) -> None:
+    """Inside `shared_evaluations()` (one search), a steady state is exactly the one computed
+    alone, whatever was evaluated before it in the block: the same knobs again, another
+    max_num_seqs or KV cache at the same rate (the remembered fixed point and sample path
+    are reused only where those limits do not bind), other rates."""
+    prompt, gen, hit = w
+    # Each set of knobs twice, and each rate again with the first set's limits swapped in.
+    calls = [*knobs, *knobs, *((b, knobs[0][1], knobs[0][2], r) for b, _, _, r in knobs)]
+
+    def evaluate(budget: int, seqs: int, kv: float | None, rate: float) -> SteadyState:
+        t = traffic(rate, prompt, gen, hit)
+        return steady_state(t, Knobs3(budget, seqs, kv), CURVE, COSTS, running=running)
+
+    alone = [_numbers(evaluate(*c)) for c in calls]
+    with shared_evaluations():
+        shared = [_numbers(evaluate(*c)) for c in calls]
+    assert shared == alone
+
+
+def test_shared_evaluations_reuse_paths_and_end_with_their_block() -> None:
+    """The memory does its job (a repeat costs no sample path), and is gone after the block."""
+    t = traffic(8.0, 600.0, 250.0)
+    with shared_evaluations():
+        state(t, seqs=1024)
+        before = len(steady_state_module._MEMO.get().paths)  # type: ignore[union-attr]
+        state(t, seqs=512)  # the limit does not bind at 8 req/s: same fixed point and path
+        assert len(steady_state_module._MEMO.get().paths) == before  # type: ignore[union-attr]
+    assert steady_state_module._MEMO.get() is None
