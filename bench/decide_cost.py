@@ -34,8 +34,8 @@ from tests.unit.core.test_decide import (
     violating_snapshot,
 )
 
-from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core import perf_model
+from vllm_autotuner.core.decide import decide
 from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.snapshot import Observation
 from vllm_autotuner.core.tuning_types import TuningState
