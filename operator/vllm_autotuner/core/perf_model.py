@@ -473,8 +473,10 @@ class AnalyticModel:
 # Step-time curves, shared by every deployment's model and bounded in number: one operator
 # process holds at most this many (about 1.5 KiB each), whatever the number of deployments.
 # A per-model cache of 2,048 grew to ~430 MiB resident at 1,000 deployments (bench.scale):
-# each calibration's iterates leave curves of their own.
-CURVE_CACHE = 4096
+# each calibration's iterates leave curves of their own. 1,024 hold one decision's curves
+# (~500 in a calibration, ~150 in a search); 4,096 held no more hits at scale (a thousand
+# deployments cycle through far more) and cost 5 MiB more (bench.decide_cost: same times).
+CURVE_CACHE = 1024
 
 
 @lru_cache(maxsize=CURVE_CACHE)
