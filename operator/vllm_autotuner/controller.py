@@ -1263,6 +1263,28 @@ def child_copy(body: Mapping[str, Any], *, keep_spec: bool = True) -> dict[str, 
     return out
 
 
+@dataclass(frozen=True)
+class PackedChild:
+    """A child copy as compact JSON text, as the indexes keep it between reconciles.
+
+    Decoded, a child is a tree of small dicts, lists, strings and floats: 47 KiB of Python
+    objects per deployment for its VLLMDeployment, Deployment, Service, ReplicaSet and pod at
+    a thousand deployments (tracemalloc in bench.scale), where the same objects as JSON text
+    take ~12 KiB. A reconcile decodes the few it reads (~100 us), every reconcile interval.
+    """
+
+    text: str
+
+    def unpack(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.text)
+        return value
+
+
+def packed_copy(body: Mapping[str, Any], *, keep_spec: bool = True) -> PackedChild:
+    """child_copy(body), packed (see PackedChild)."""
+    return PackedChild(json.dumps(child_copy(body, keep_spec=keep_spec), separators=(",", ":")))
+
+
 def keep_stamp(
     new: Mapping[str, Any], old: Mapping[str, Any], key: str, stamp: str
 ) -> dict[str, Any]:

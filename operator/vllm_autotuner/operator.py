@@ -33,7 +33,13 @@ from vllm_autotuner import (
 from vllm_autotuner.adapters.kube import KubeClient, KubeCredentials, KubeError, resource_path
 from vllm_autotuner.adapters.metrics import OperatorMetrics
 from vllm_autotuner.adapters.prometheus import PrometheusSource
-from vllm_autotuner.controller import Controller, Outcome, child_copy, policy_status_patch
+from vllm_autotuner.controller import (
+    Controller,
+    Outcome,
+    PackedChild,
+    packed_copy,
+    policy_status_patch,
+)
 from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
 from vllm_autotuner.core.render import CANARY_SUFFIX, TRACK_LABEL
 from vllm_autotuner.core.tuning_types import DeploymentContext
@@ -167,7 +173,7 @@ def _first(index: Any, key: Any) -> Any:
     except KeyError:
         return None
     for value in values:
-        return value
+        return _unpacked(value)
     return None
 
 
@@ -196,9 +202,13 @@ def retry_delay(failures: int, interval_s: float) -> float:
 
 def _all(index: Any, key: Any) -> list[Any]:
     try:
-        return list(index[key])
+        return [_unpacked(v) for v in index[key]]
     except KeyError:
         return []
+
+
+def _unpacked(value: Any) -> Any:
+    return value.unpack() if isinstance(value, PackedChild) else value
 
 
 def build_registry(
@@ -291,8 +301,8 @@ def build_registry(
     @kopf.index(GROUP, VERSION, DEPLOYMENTS, id="vllm_index", registry=registry)
     async def vllm_index(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
-    ) -> dict[str, dict[str, Any]]:
-        return {_child_key(namespace, name): child_copy(body)}
+    ) -> dict[str, PackedChild]:
+        return {_child_key(namespace, name): packed_copy(body)}
 
     managed = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
 
@@ -301,14 +311,14 @@ def build_registry(
     )
     async def deployment_index(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
-    ) -> dict[str, dict[str, Any]]:
-        return {_child_key(namespace, name): child_copy(body)}
+    ) -> dict[str, PackedChild]:
+        return {_child_key(namespace, name): packed_copy(body)}
 
     @kopf.index("", "v1", "services", labels=managed, id="service_index", registry=registry)
     async def service_index(
         namespace: str | None, name: str | None, body: kopf.Body, **_: Any
-    ) -> dict[str, dict[str, Any]]:
-        return {_child_key(namespace, name): child_copy(body)}
+    ) -> dict[str, PackedChild]:
+        return {_child_key(namespace, name): packed_copy(body)}
 
     # A pod counts only when a ReplicaSet of our Deployment owns it (labels alone prove
     # nothing: anyone can copy them), so the ReplicaSets are indexed too, by their owner label.
@@ -317,16 +327,16 @@ def build_registry(
     )
     async def replicaset_index(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-    ) -> dict[str, dict[str, Any]] | None:
+    ) -> dict[str, PackedChild] | None:
         owner = labels.get(DEPLOYMENT_LABEL)
-        return {_child_key(namespace, owner): child_copy(body, keep_spec=False)} if owner else None
+        return {_child_key(namespace, owner): packed_copy(body, keep_spec=False)} if owner else None
 
     @kopf.index("", "v1", "pods", labels=managed, id="pod_index", registry=registry)
     async def pod_index(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-    ) -> dict[str, dict[str, Any]] | None:
+    ) -> dict[str, PackedChild] | None:
         owner = labels.get(DEPLOYMENT_LABEL)
-        return {_child_key(namespace, owner): child_copy(body, keep_spec=False)} if owner else None
+        return {_child_key(namespace, owner): packed_copy(body, keep_spec=False)} if owner else None
 
     @kopf.on.event(GROUP, VERSION, POLICIES, id="policy_status", registry=registry)
     async def publish_policy_status(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
