@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.core.test_decide import BOUNDS, CTX, KNOBS, SLO_DEFAULT, make_snapshot
-from vllm_autotuner.core.diagnosis import diagnose
+from tests.unit.core.test_decide import make_snapshot
+from tests.unit.core.test_search import run_search
 from vllm_autotuner.core.evidence import (
     MAX_RESIDUAL,
     SHRINK,
@@ -19,8 +19,7 @@ from vllm_autotuner.core.evidence import (
     evidence_of,
     residual,
 )
-from vllm_autotuner.core.perf_model import AnalyticModel, Workload
-from vllm_autotuner.core.search import SearchResult, search
+from vllm_autotuner.core.search import SearchResult
 from vllm_autotuner.core.tuning_types import Knobs, Measured, Trial, TuningState
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -92,25 +91,7 @@ def test_evidence_is_the_finished_trials_that_measured_a_capacity_elsewhere() ->
 
 
 def _search(evidence: tuple[TrialEvidence, ...]) -> SearchResult:
-    snap = make_snapshot(itl_p95=80.0, itl_mean=25.0)
-    model = AnalyticModel()
-    w = Workload.from_snapshot(snap, SLO_DEFAULT, 0.9)
-    cal = model.calibrate(snap, KNOBS, CTX, w, None)
-    diag = diagnose(snap, SLO_DEFAULT, KNOBS)
-    return search(
-        applied=KNOBS,
-        bounds=BOUNDS,
-        model=model,
-        workload=w,
-        calibration=cal,
-        diagnosis=diag,
-        infeasible=(),
-        stable_gmu=KNOBS.gpu_memory_utilization,
-        gmu_rise_step=0.02,
-        min_gain_pct=5.0,
-        slo_violated=diag.violates_slo,
-        evidence=evidence,
-    )
+    return run_search(make_snapshot(itl_p95=80.0, itl_mean=25.0), evidence=evidence)
 
 
 def test_a_trial_that_measured_far_less_moves_the_search_away_from_it() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from tests.unit.core.test_decide import BOUNDS, CTX, KNOBS, SLO_DEFAULT, make_snapshot
 from vllm_autotuner.core.diagnosis import diagnose
+from vllm_autotuner.core.evidence import TrialEvidence
 from vllm_autotuner.core.perf_model import AnalyticModel, Workload
 from vllm_autotuner.core.search import SearchResult, is_forbidden, search
 from vllm_autotuner.core.snapshot import Snapshot
@@ -23,6 +24,7 @@ def run_search(
     infeasible: tuple[InfeasibleConfig, ...] = (),
     stable_gmu: float | None = None,
     min_gain_pct: float = 5.0,
+    evidence: tuple[TrialEvidence, ...] = (),
 ) -> SearchResult:
     model = AnalyticModel()
     w = Workload.from_snapshot(snap, SLO_DEFAULT, 0.9)
@@ -40,6 +42,7 @@ def run_search(
         gmu_rise_step=0.02,
         min_gain_pct=min_gain_pct,
         slo_violated=diag.violates_slo,
+        evidence=evidence,
     )
 
 
