@@ -68,11 +68,9 @@ def xfail(measured: str) -> pytest.MarkDecorator:
 @pytest.mark.parametrize(
     "case",
     [
-        pytest.param(
-            Case("chat-8b-h100", None),
-            marks=xfail("truth 18.52; fit at 60% load 23.61, at 150% 20.45 (0.866x)"),
-            id="chat-8b-h100-defaults",
-        ),
+        # Was a strict xfail (truth 18.52; fit at 60 % load 23.61, at 150 % 20.45: 0.866x)
+        # until Little's law ran on the sample path's own mean step (17.76 and 16.91: 0.952x).
+        pytest.param(Case("chat-8b-h100", None), id="chat-8b-h100-defaults"),
         pytest.param(Case("kv-bound-8b-a100-40gb", None), id="kv-bound-defaults"),
     ],
 )
