@@ -110,6 +110,14 @@ class Calibration:
     observed_kv_tokens: float | None = None
     observed_gmu: float | None = None
     fitted: bool = False
+    # The knobs the fit ran at (tokens, sequences), and the centre its prior pulled towards
+    # (None: the roofline; else the fit at the knobs before, see `_fit_centre`).
+    fitted_budget: float | None = None
+    fitted_seqs: float | None = None
+    prior_bandwidth: float | None = None
+    prior_compute: float | None = None
+    prior_admit_s: float | None = None
+    prior_jitter: float | None = None
     extra: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, float]:
@@ -143,7 +151,25 @@ class Calibration:
             observed_kv_tokens=g("observed_kv_tokens"),
             observed_gmu=g("observed_gmu"),
             fitted=bool(d.get("fitted", 0.0)),
+            fitted_budget=g("fitted_budget"),
+            fitted_seqs=g("fitted_seqs"),
+            prior_bandwidth=g("prior_bandwidth"),
+            prior_compute=g("prior_compute"),
+            prior_admit_s=g("prior_admit_s"),
+            prior_jitter=g("prior_jitter"),
             extra={k[2:]: float(v) for k, v in d.items() if k.startswith("x_")},
+        )
+
+    def prior_centre(self) -> Calibration | None:
+        """The centre the fit's prior pulled towards (None: the roofline)."""
+        if None in (self.prior_bandwidth, self.prior_compute, self.prior_admit_s,
+                    self.prior_jitter):  # fmt: skip
+            return None
+        return Calibration(
+            bandwidth=self.prior_bandwidth or 1.0,
+            compute=self.prior_compute or 1.0,
+            admit_s=self.prior_admit_s or 0.0,
+            jitter=self.prior_jitter or _PRIOR_JITTER,
         )
 
     def kv_tokens_at(self, gmu: float) -> float | None:
@@ -322,6 +348,7 @@ class AnalyticModel:
         if snapshot.steps_per_s and (running or 0.0) >= 4.0:
             step_target = -math.log(snapshot.steps_per_s)
         kv = self._kv(knobs, cal)
+        centre = _fit_centre(prior, knobs)
         problem = FitProblem(
             self._phys().shape,
             _traffic(workload, workload.request_rate),
@@ -330,9 +357,20 @@ class AnalyticModel:
             math.log(mean_itl / 1000.0),
             step_target,
             tuple(_itl_shape(snapshot.itl)),
+            None if centre is None else tuple(_params(centre)),
         )
         x, fit_error = _fit_step_times(problem)
-        fit = replace(_with_params(cal, x), fitted=True, fit_error=fit_error)
+        fit = replace(
+            _with_params(cal, x),
+            fitted=True,
+            fit_error=fit_error,
+            fitted_budget=float(knobs.max_num_batched_tokens),
+            fitted_seqs=float(knobs.max_num_seqs),
+            prior_bandwidth=None if centre is None else centre.bandwidth,
+            prior_compute=None if centre is None else centre.compute,
+            prior_admit_s=None if centre is None else centre.admit_s,
+            prior_jitter=None if centre is None else centre.jitter,
+        )
         return self._fit_api(fit, snapshot, knobs, workload, kv, running)
 
     def _fit_api(
@@ -560,9 +598,47 @@ def _with_params(cal: Calibration, x: Sequence[float]) -> Calibration:
     )
 
 
-def _prior_terms(x: Sequence[float]) -> list[float]:
+# Pull towards the fit at the knobs before (log efficiencies and jitter, and the admission
+# cost per 2 ms). bench/model_fit's chat-8b-h100 windows: at 512/512 the window's steps all
+# carry ~512 tokens and cannot tell compute from bandwidth and admission cost; fitted alone it
+# put 1024/256 at +47 % and 896/512 at +32 % of the truth, with the fit at 8192/1024 as its
+# prior's centre +4 % and +5 % (median 4 %). Weights 0.1 to 0.3 gave the same.
+_CENTRE_WEIGHT = 0.1
+
+
+def _fit_centre(prior: Calibration | None, knobs: Knobs) -> Calibration | None:
+    """Where the fit's prior is centred: the roofline (None) until a fit exists; the last
+    fit's own parameters when it ran at other knobs (what that window measured of the engine
+    is the best prior for a window that cannot tell every parameter apart: a sequential
+    Bayesian update); the last fit's centre when it ran at these knobs (the same window then
+    poses the same problem, and a fit does not become its own prior)."""
+    if prior is None or not prior.fitted:
+        return None
+    same = prior.fitted_budget == float(
+        knobs.max_num_batched_tokens
+    ) and prior.fitted_seqs == float(knobs.max_num_seqs)
+    if same:
+        return prior.prior_centre()
+    return Calibration(
+        bandwidth=prior.bandwidth,
+        compute=prior.compute,
+        admit_s=prior.admit_s,
+        jitter=prior.jitter,
+    )
+
+
+def _prior_terms(x: Sequence[float], centre: Sequence[float] | None = None) -> list[float]:
     """Weak pulls towards the prior: the roofline's efficiencies, no admission cost, 5 %
-    jitter. They decide only what the window cannot tell apart."""
+    jitter, or the fit at the knobs before (`centre`, in `_params` units). They decide only
+    what the window cannot tell apart."""
+    if centre is not None:
+        w = _CENTRE_WEIGHT
+        return [
+            w * (x[0] - centre[0]),
+            w * (x[1] - centre[1]),
+            w * (x[2] - centre[2]) / 2.0,
+            w * (x[3] - centre[3]),
+        ]
     return [
         _PRIOR_WEIGHT * x[0],
         _PRIOR_WEIGHT * x[1],
@@ -594,6 +670,7 @@ class FitProblem:
     target: float
     step_target: float | None
     itl_shape: tuple[tuple[float, float], ...]
+    centre: tuple[float, ...] | None = None  # the prior's centre (`_params` units)
 
 
 @lru_cache(maxsize=FIT_CACHE)
@@ -611,7 +688,7 @@ def _fit_step_times(problem: FitProblem) -> tuple[tuple[float, ...], float | Non
 
     def residuals(x: Sequence[float]) -> list[float]:
         st = evaluate(x)
-        prior_terms = _prior_terms(x)
+        prior_terms = _prior_terms(x, problem.centre)
         n = 1 + 2 * len(problem.itl_shape) + (problem.step_target is not None)
         if not st.stable:
             return [5.0] * n + prior_terms

@@ -1,9 +1,12 @@
-"""Calibration of the analytic model: a function of the window, whatever came before.
+"""Calibration of the analytic model: a function of the window and of the fit at the knobs
+before, never of how often the same window was fitted.
 
 The operator calibrates every reconcile, handing the previous fit back as the prior. The same
 window must give the same fit (and so the same recommendation) however many times it is
 calibrated: otherwise an unchanged deployment flips its recommendation each reconcile (a new
-Event every time) and no remembered search is ever reused (core/search_memo.py).
+Event every time) and no remembered search is ever reused (core/search_memo.py). A fit made
+at other knobs centres the prior of the next window's fit (a sequential update: a window
+whose steps all carry about the same tokens cannot tell compute from bandwidth).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.core.test_decide import CTX, KNOBS, SLO_DEFAULT, make_snapshot, violating_snapshot
-from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Workload
+from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Workload, _params
 from vllm_autotuner.core.snapshot import Snapshot
 from vllm_autotuner.core.tuning_types import Knobs
 
@@ -98,3 +101,52 @@ def test_the_fit_puts_no_steps_above_a_bound_the_window_never_crossed(
     *_, steady = model._latencies(knobs, w, cal, w.request_rate, model._kv(knobs, cal))
     assert steady.stable
     assert steady.itl_below(0.025) >= 0.99, (cal, steady.itl_below(0.025))
+
+
+EARLIER = Calibration(
+    bandwidth=0.7,
+    compute=1.3,
+    admit_s=0.0015,
+    jitter=0.08,
+    fitted=True,
+    fitted_budget=512.0,
+    fitted_seqs=512.0,
+)
+
+
+def _distance(a: Calibration, b: Calibration) -> float:
+    return math.dist(_params(a), _params(b))
+
+
+def test_a_fit_at_other_knobs_centres_the_next_windows_prior() -> None:
+    snap = violating_snapshot()
+    _, _, alone = _fit(snap, None)
+    _, _, primed = _fit(snap, EARLIER)
+    assert alone.prior_centre() is None
+    centre = primed.prior_centre()
+    assert centre is not None
+    assert _params(centre) == _params(EARLIER)
+    assert (primed.fitted_budget, primed.fitted_seqs) == (
+        float(KNOBS.max_num_batched_tokens),
+        float(KNOBS.max_num_seqs),
+    )
+    assert _distance(primed, EARLIER) < _distance(alone, EARLIER)
+    # The window still speaks: the primed fit explains it as well as the fit alone, or nearly.
+    assert primed.fit_error is not None and alone.fit_error is not None
+    assert primed.fit_error <= alone.fit_error + 0.05
+
+
+def test_the_same_window_refitted_keeps_the_centre_it_was_given() -> None:
+    """A fit at these knobs is not its own next prior: refitting the same window from it
+    keeps the centre of the knobs before, so nothing drifts and status is not rewritten."""
+    snap = violating_snapshot()
+    _, _, first = _fit(snap, EARLIER)
+    _, _, again = _fit(snap, first)
+    _, _, third = _fit(snap, Calibration.from_dict(again.to_dict()))
+    assert again.to_dict() == first.to_dict() == third.to_dict()
+
+
+def test_the_centre_and_the_fitted_knobs_survive_status() -> None:
+    _, _, fit = _fit(violating_snapshot(), EARLIER)
+    back = Calibration.from_dict(fit.to_dict())
+    assert back == fit
