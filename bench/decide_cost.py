@@ -8,10 +8,10 @@ and a steady reconcile whose window has moved a little since the last (new sampl
 -time fit runs again, the search memo still answers).
 
 "first" is a deployment's first decision in a process that has not seen its like: the
-process-wide step-curve and fit caches (perf_model.CURVE_CACHE, FIT_CACHE) are emptied before
-each sample, as for a deployment whose calibration no other deployment shares. Without that, the
-repeats would fit the window once and reuse it (what 1,000 identical deployments in bench.scale
-do, and a real fleet does not).
+process-wide step-curve, fit and prediction caches (perf_model.CURVE_CACHE, FIT_CACHE,
+PREDICT_CACHE) are emptied before each sample, as for a deployment whose calibration no
+other deployment shares. Without that, the repeats would fit the window once and reuse it
+(what 1,000 identical deployments in bench.scale do, and a real fleet does not).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def _time(fn: Callable[[], object], repeat: int, cold: bool = False) -> tuple[fl
         if cold:
             perf_model._fit_step_times.cache_clear()
             perf_model._shared_curve.cache_clear()
+            perf_model._prediction.cache_clear()
         t0 = time.process_time()
         fn()
         samples.append(time.process_time() - t0)

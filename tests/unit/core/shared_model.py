@@ -18,13 +18,12 @@ import os
 from collections.abc import Hashable
 from typing import Any
 
-from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Prediction, Workload
+from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Workload
 from vllm_autotuner.core.snapshot import Snapshot
 from vllm_autotuner.core.tuning_types import DeploymentContext, Knobs
 
 _LIMIT = 200_000
 _CALIBRATIONS: dict[Hashable, Calibration] = {}
-_PREDICTIONS: dict[Hashable, Prediction] = {}
 
 
 def scaled(examples: int) -> int:
@@ -43,7 +42,8 @@ def _remember(cache: dict[Hashable, Any], key: Hashable, value: Any) -> None:
 
 
 class SharedModel(AnalyticModel):
-    """AnalyticModel whose calibrations and predictions are remembered process-wide."""
+    """AnalyticModel whose calibrations are remembered process-wide (its predictions are
+    remembered by the model itself: perf_model.PREDICT_CACHE)."""
 
     def calibrate(
         self,
@@ -61,14 +61,3 @@ class SharedModel(AnalyticModel):
         cal = super().calibrate(snapshot, knobs, ctx, workload, prior)
         _remember(_CALIBRATIONS, key, cal)
         return cal
-
-    def predict(
-        self, knobs: Knobs, workload: Workload, calibration: Calibration, capacity: bool = True
-    ) -> Prediction:
-        key = (self._phys().shape, knobs, workload, _cal_key(calibration), capacity)
-        hit = _PREDICTIONS.get(key)
-        if hit is not None:
-            return hit
-        pred = super().predict(knobs, workload, calibration, capacity)
-        _remember(_PREDICTIONS, key, pred)
-        return pred

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.core.test_decide import CTX, KNOBS, SLO_DEFAULT, make_snapshot, violating_snapshot
+from vllm_autotuner.core import perf_model
 from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Workload, _params
 from vllm_autotuner.core.snapshot import Snapshot
 from vllm_autotuner.core.tuning_types import Knobs
@@ -150,3 +151,16 @@ def test_the_centre_and_the_fitted_knobs_survive_status() -> None:
     _, _, fit = _fit(violating_snapshot(), EARLIER)
     back = Calibration.from_dict(fit.to_dict())
     assert back == fit
+
+
+def test_a_remembered_prediction_is_the_prediction() -> None:
+    """predict() remembers its answers (perf_model.PREDICT_CACHE); the memo must give exactly
+    what the model computes, and tell apart calibrations that differ in any field."""
+    model, w, cal = _fit(violating_snapshot(), None)
+    perf_model._prediction.cache_clear()
+    fresh = model._predict(OTHER, w, cal, True)
+    assert model.predict(OTHER, w, cal) == fresh
+    assert model.predict(OTHER, w, cal) is model.predict(OTHER, w, cal)
+    slower = replace(cal, compute=cal.compute * 0.5)
+    assert model.predict(OTHER, w, slower) == model._predict(OTHER, w, slower, True)
+    assert model.predict(OTHER, w, slower) != fresh
