@@ -96,8 +96,8 @@ def restart_overload_rps(
     load = max(0.0, rate_per_pod) * n
     capacity = max(0.0, capacity_per_pod)
     while_out = max(0.0, load - capacity * (n - 1))
-    anyway = max(0.0, load - capacity * n)
-    return while_out - anyway
+    # = while_out - max(0, load - capacity x n), written so that it is exact in floating point
+    return min(capacity, while_out)
 
 
 def headroom_wait_s(cost_now: float, cost_room: float, gain_rate: float, limit_s: float) -> float:
