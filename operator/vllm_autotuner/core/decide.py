@@ -903,6 +903,8 @@ def _headroom_wait(
         s = replace(state, phase="Observing", headroom_wait_since=None)
         return _done(s, now, "hold", text, events=(Event("Warning", "RolloutAbandoned", text),))
     until = go_at if may_go else limit
+    if not may_go:
+        numbers = f"only a violated SLO worth the overload goes without it; {numbers}"
     text = (
         f"{summary}; rollout waits for headroom ({waited / 60:.0f} of {until / 60:.0f} min; "
         f"{numbers}): {room.text}; {worth.text}"

@@ -44,7 +44,7 @@ class Worth:
     text: str
     # The restart now, with the overload it causes the pods that stay (= cost_requests with
     # headroom or surge).
-    cost_now_requests: float = 0.0
+    cost_now_requests: float
 
     @property
     def gain_rate(self) -> float:
