@@ -41,6 +41,9 @@ class Live:
     failed_tuning: int  # aborted by a rollout's drain or scale-down, or no ready pod in one
     failed_crash: int
     failed_rejected: int
+    failed_tuning_late: int  # of failed_tuning: aborted after missing the TTFT threshold
+    unfinished: int  # still queued or running at the horizon: neither good nor failed
+    unfinished_late: int  # of those: already past the TTFT threshold
     crashes: int
     replacements: int
     crash_left_standing: bool
@@ -53,6 +56,7 @@ def live_stats(w: World) -> Live:
     view = w.minute_view()
     causes = w.failed_by_cause()
     n = len(view.violated)
+    unfinished, unfinished_late = w.unfinished()
     return Live(
         goodput=w.goodput(),
         arrivals=w.arrivals(),
@@ -62,6 +66,9 @@ def live_stats(w: World) -> Live:
         failed_tuning=causes["tuning"],
         failed_crash=causes["crash"],
         failed_rejected=causes["rejected"],
+        failed_tuning_late=int(w.acc.failed_tuning_late.sum()),
+        unfinished=unfinished,
+        unfinished_late=unfinished_late,
         crashes=w.crashes,
         replacements=w.replacements,
         crash_left_standing=w.crash_left_standing(),
@@ -200,6 +207,9 @@ def run_scenario(
             "failed_tuning_pct": (
                 round(100.0 * live.failed_tuning / live.arrivals, 4) if live.arrivals else 0.0
             ),
+            "failed_tuning_late": live.failed_tuning_late,
+            "unfinished": live.unfinished,
+            "unfinished_late": live.unfinished_late,
             "failed_crash": live.failed_crash,
             "failed_rejected": live.failed_rejected,
             "restarts": live.replacements,

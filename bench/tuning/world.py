@@ -29,6 +29,10 @@ a rollout's drain or scale-down, or no ready pod while a rollout or scale-down i
 (TTFT per request, ITL per token, E2E per request: what vLLM's histograms receive) is also
 compared, exactly, with its threshold, in the minute Prometheus sees it in; that gives
 violation minutes from exact latencies next to the ones `histogram_quantile` shows.
+Requests still unfinished at the horizon are neither good nor failed (`unfinished`); those
+that had already missed the TTFT threshold are counted apart, as are requests a drain aborted
+after they had missed it (`failed_tuning_late`): a restart that aborts a queue and a queue left
+to the horizon then read alike.
 
 **A replica autoscaler** (`autoscaler`, bench/tuning/autoscaler.py) may own the replica count:
 every `sync_s` it reads the TSDB and writes `replica_target` (the VLLMDeployment's
@@ -135,6 +139,7 @@ class Accounting:
     failed_tuning: np.ndarray = field(init=False)
     failed_crash: np.ndarray = field(init=False)
     failed_rejected: np.ndarray = field(init=False)
+    failed_tuning_late: np.ndarray = field(init=False)  # aborted after missing the TTFT SLO
     good: np.ndarray = field(init=False)
     finished: np.ndarray = field(init=False)
     # Exact SLO observations per minute and metric: how many, how many above the threshold.
@@ -144,7 +149,7 @@ class Accounting:
     def __post_init__(self) -> None:
         n = self.minutes + 1
         for name in ("arrivals", "failed", "failed_tuning", "failed_crash", "failed_rejected",
-                     "good", "finished"):  # fmt: skip
+                     "failed_tuning_late", "good", "finished"):  # fmt: skip
             setattr(self, name, np.zeros(n))
         self.observed = {m: np.zeros(n) for m in METRICS}
         self.over = {m: np.zeros(n) for m in METRICS}
@@ -399,6 +404,8 @@ class World:
 
     def _lose_in_flight(self, pod: Pod, t: float, cause: Cause) -> None:
         self.acc.fail(t, cause, len(pod.in_flight))
+        if cause == "tuning":
+            self.acc.failed_tuning_late[self.acc.at(t)] += self.late_requests(pod, t)
         pod.in_flight.clear()
         pod.engine = None
 
@@ -731,6 +738,26 @@ class World:
 
     def failed(self) -> int:
         return int(self.acc.failed.sum())
+
+    def late_requests(self, pod: Pod, t: float) -> int:
+        """How many of the pod's unfinished requests had missed the TTFT threshold by world
+        time `t`: no first token that long after arrival, or a first token that came later."""
+        limit = self._limit["ttft"]
+        if pod.engine is None or limit is None:
+            return 0
+        now = t - pod.t0
+        sched = pod.engine.sched
+        late = 0
+        for seq in (*sched.waiting, *sched.running):
+            first = now if seq.first_token_time is None else seq.first_token_time
+            late += int(first - seq.arrival > limit)
+        return late
+
+    def unfinished(self) -> tuple[int, int]:
+        """Requests unfinished now (queued or running, neither good nor failed), and how many
+        of them had already missed the TTFT threshold."""
+        pods = [p for p in self.pods if p.engine is not None]
+        return sum(len(p.in_flight) for p in pods), sum(self.late_requests(p, self.t) for p in pods)
 
     def failed_by_cause(self) -> dict[str, int]:
         return {

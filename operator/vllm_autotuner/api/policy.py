@@ -226,7 +226,9 @@ class RolloutPolicy(SpecModel):
         default="1h",
         alias="headroomTimeout",
         description="How long a rollout may wait for the pods that stay to have room for the "
-        "traffic while one restarts (without surge). Past it the rollout is given up.",
+        "traffic while one restarts (without surge). A violated SLO goes earlier, once the "
+        "gain lost by waiting equals the overload's cost; past this bound a rollout that may "
+        "not go is given up.",
     )
 
 

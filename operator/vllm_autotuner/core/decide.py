@@ -15,7 +15,13 @@ from datetime import datetime, timedelta
 from vllm_autotuner.core.autoscaling import scale_wait
 from vllm_autotuner.core.canary import judge_canary, miss_share
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
-from vllm_autotuner.core.economics import Headroom, Worth, headroom, worth_restart
+from vllm_autotuner.core.economics import (
+    Headroom,
+    Worth,
+    headroom,
+    headroom_wait_s,
+    worth_restart,
+)
 from vllm_autotuner.core.evidence import evidence_of
 from vllm_autotuner.core.perf_model import (
     Calibration,
@@ -807,7 +813,6 @@ def _steady(
         rate,
         rate_ref,
         miss_share(snap, policy.slo) if diag.violates_slo else 0.0,
-        room,
     )
     if not worth.worth:
         text = f"{summary}; not worth the restart: {worth.text}"
@@ -816,12 +821,12 @@ def _steady(
     waited = _headroom_wait(s, policy, now, room, diag.violates_slo, summary, worth)
     if waited is not None:
         return replace(waited, diagnosis=diag, prediction=pred, search_memo=memo, predictions=seen)
+    without = "" if room.ok else f"; {_without_headroom(s, policy, now, room, worth)}"
     s, trial = _start_trial(s, best, now, strategy)
     how = "canary" if strategy == "Canary" else "rollout"
     text = (
         f"{how} {best.describe()} (trial {trial.id}, from {applied.describe()}): {summary}; "
-        f"worth it: {worth.text}"
-        + ("" if room.ok else f"; no headroom came within headroomTimeout ({room.text})")
+        f"worth it: {worth.text}" + without
     )
     reason = "CanaryStarted" if strategy == "Canary" else "RolloutStarted"
     knobs = None if strategy == "Canary" else best
@@ -874,34 +879,64 @@ def _headroom_wait(
 ) -> Decision | None:
     """None when the rollout may start; else the decision to wait (bounded) for headroom.
 
-    Without surge a restart leaves the other pods to carry its traffic. When they cannot, the
-    rollout waits for the load to drop, at most `headroomTimeout`: an overload leaves a queue
-    that outlives the restart (bench/tuning measured goodput 0.70 of the defaults on
-    chat-8b-h100 when restarts overloaded the remaining pod). Past the deadline it goes ahead
-    only to fix a violated SLO whose expected gain still exceeds the restart's cost with the
-    overload counted; otherwise it gives up. Surge avoids the wait.
+    Without surge a restart leaves the other pods to carry its traffic. When they cannot, an
+    overload leaves a queue that outlives the restart (bench/tuning measured goodput 0.70 of
+    the defaults on chat-8b-h100 when restarts overloaded the remaining pod), so the rollout
+    waits for the load to drop. Only a violated SLO whose gain exceeds the restart's cost with
+    the overload counted may go without headroom, and it goes once the gain lost by waiting
+    has reached that overload's cost (`economics.headroom_wait_s`, ski rental: at most twice
+    the best choice in hindsight). Anything else waits at most `headroomTimeout`, then gives
+    up. Surge avoids the wait.
     """
     if room.ok:
         return None
-    since = state.headroom_wait_since or now
-    waited = (now - since).total_seconds()
+    waited, go_at, numbers = _wait_numbers(state, policy, now, worth)
     limit = policy.rollout.headroom_timeout_s
+    may_go = violated and worth.gain_requests > worth.cost_now_requests
+    if may_go and waited >= go_at:
+        return None  # the caller says so in its reason (_without_headroom)
     if waited > limit:
-        if worth.worth and violated:
-            return None  # the caller says so in its reason: headroom never came
         text = (
             f"{summary}; rollout given up after waiting {waited / 60:.0f} min for headroom "
             f"(headroomTimeout {limit / 60:.0f} min): {room.text}"
         )
         s = replace(state, phase="Observing", headroom_wait_since=None)
         return _done(s, now, "hold", text, events=(Event("Warning", "RolloutAbandoned", text),))
+    until = go_at if may_go else limit
+    if not may_go:
+        numbers = f"only a violated SLO worth the overload goes without it; {numbers}"
     text = (
-        f"{summary}; rollout waits for headroom ({waited / 60:.0f} of {limit / 60:.0f} min): "
-        f"{room.text}; {worth.text}"
+        f"{summary}; rollout waits for headroom ({waited / 60:.0f} of {until / 60:.0f} min; "
+        f"{numbers}): {room.text}; {worth.text}"
     )
     events = () if state.headroom_wait_since else (Event("Normal", "WaitingForHeadroom", text),)
-    s = replace(state, phase="Holding", headroom_wait_since=since)
+    s = replace(state, phase="Holding", headroom_wait_since=state.headroom_wait_since or now)
     return _done(s, now, "hold", text, events=events)
+
+
+def _wait_numbers(
+    state: TuningState, policy: TuningPolicy, now: datetime, worth: Worth
+) -> tuple[float, float, str]:
+    """How long the headroom wait has lasted, when going without headroom breaks even (at most
+    headroomTimeout), and the numbers behind it in words."""
+    since = state.headroom_wait_since or now
+    waited = (now - since).total_seconds()
+    limit = policy.rollout.headroom_timeout_s
+    extra = worth.cost_now_requests - worth.cost_requests
+    go_at = headroom_wait_s(worth.cost_now_requests, worth.cost_requests, worth.gain_rate, limit)
+    text = (
+        f"break-even {go_at / 60:.0f} min: the overload's extra {extra:,.0f} requests vs "
+        f"{worth.gain_rate:.2f} req/s of gain lost while waiting, headroomTimeout "
+        f"{limit / 60:.0f} min"
+    )
+    return waited, go_at, text
+
+
+def _without_headroom(
+    state: TuningState, policy: TuningPolicy, now: datetime, room: Headroom, worth: Worth
+) -> str:
+    waited, _, numbers = _wait_numbers(state, policy, now, worth)
+    return f"going without headroom after waiting {waited / 60:.0f} min ({numbers}; {room.text})"
 
 
 def _memo_answers(

@@ -16,7 +16,14 @@ Pure arithmetic on the model's per-pod capacities (requests/s within the SLO):
   so the gain is that share of the requests over the keep time (the GPU time that served them,
   counted in requests as the cost is).
 - **Headroom**: without surge, a restart takes one ready pod out; the others must carry its
-  traffic within the SLO for the load time.
+  traffic within the SLO for the load time. Without it, the restart's cost adds the overload
+  it causes (`restart_overload_rps`): the traffic above what the deployment carries while a
+  pod is out, less the excess that all pods leave anyway (a deployment already past its
+  capacity loses only the pod's capacity).
+- **How long to wait for headroom** (`headroom_wait_s`) is ski rental: every second waited
+  loses the gain rate (gain ÷ keep time); going now costs the overload on top of the plain
+  restart. Waiting until the gain lost equals that extra cost, then going, never costs more
+  than twice the best choice in hindsight (whenever headroom comes, or never).
 """
 
 from __future__ import annotations
@@ -35,6 +42,14 @@ class Worth:
     cost_requests: float
     keep_s: float
     text: str
+    # The restart now, with the overload it causes the pods that stay (= cost_requests with
+    # headroom or surge).
+    cost_now_requests: float
+
+    @property
+    def gain_rate(self) -> float:
+        """Requests per second the new knobs win: what each second of waiting loses."""
+        return self.gain_requests / self.keep_s if self.keep_s > 0 else 0.0
 
 
 def keep_time_s(rules: RolloutRules) -> float:
@@ -60,11 +75,43 @@ def cost_requests(
 ) -> float:
     """The capacity a trial takes away while restarted pods load, in requests, plus the
     requests an overload of the pods that stay makes miss the SLO (`excess_rps`: the traffic
-    above what they can carry, whole deployment)."""
+    above what they can carry that the restart causes, whole deployment;
+    `restart_overload_rps`)."""
     if ctx.rollout.max_surge > 0:
         return 0.0
     n = restarts(ctx, strategy) * ctx.rollout.load_time_s
     return n * (max(0.0, rate_per_pod) + OVERLOAD_HARM * max(0.0, excess_rps))
+
+
+def restart_overload_rps(
+    ctx: DeploymentContext, capacity_per_pod: float, rate_per_pod: float
+) -> float:
+    """The traffic above what the deployment carries within the SLO that one restart causes:
+    the excess while a pod is out, less the excess with every pod in (that one is there
+    without the restart). Zero with surge or headroom; at most one pod's capacity, reached
+    when the deployment is already past its capacity."""
+    if ctx.rollout.max_surge > 0:
+        return 0.0
+    n = max(1, ctx.replicas)
+    load = max(0.0, rate_per_pod) * n
+    capacity = max(0.0, capacity_per_pod)
+    while_out = max(0.0, load - capacity * (n - 1))
+    # = while_out - max(0, load - capacity x n), written so that it is exact in floating point
+    return min(capacity, while_out)
+
+
+def headroom_wait_s(cost_now: float, cost_room: float, gain_rate: float, limit_s: float) -> float:
+    """How long to wait for headroom before going without it (ski rental): until the gain lost
+    by waiting (`gain_rate` requests per second) equals the extra cost of going now
+    (`cost_now - cost_room`), at most `limit_s`. Whenever headroom comes, or never, this
+    costs at most twice what the best choice in hindsight costs."""
+    extra = cost_now - cost_room
+    limit = max(0.0, limit_s)
+    if extra <= 0:
+        return 0.0
+    if gain_rate <= 0:
+        return limit
+    return min(limit, extra / gain_rate)
 
 
 def gain_requests(
@@ -88,11 +135,12 @@ def worth_restart(
     rate_now: float,
     rate_ref: float,
     miss_share: float = 0.0,
-    room: Headroom | None = None,
 ) -> Worth:
     """`miss_share`: the share of requests the window confirms over an SLO threshold now (0
     when the SLO is met). A measured violation is a gain to win whatever the model thinks the
-    current knobs can do: the requests missing the SLO now, if the candidate fixes them."""
+    current knobs can do: the requests missing the SLO now, if the candidate fixes them.
+    Worth it when the gain exceeds the plain restart's cost; `cost_now_requests` adds the
+    overload a restart now causes (without headroom)."""
     keep = keep_time_s(rules)
     gain = gain_requests(capacity_now, capacity_new, rate_ref, ctx.replicas, keep)
     if miss_share > 0 and capacity_new >= rate_now:
@@ -100,6 +148,8 @@ def worth_restart(
     if ctx.autoscaled:
         gain = max(gain, replicas_freed_requests(capacity_now, capacity_new, rate_now, ctx, keep))
     cost = cost_requests(ctx, strategy, rate_now)
+    overload = restart_overload_rps(ctx, capacity_now, rate_now)
+    cost_now = cost_requests(ctx, strategy, rate_now, overload)
     n = restarts(ctx, strategy)
     how = (
         "with surge, no capacity lost"
@@ -114,7 +164,12 @@ def worth_restart(
     if ctx.autoscaled and capacity_new > capacity_now > 0:
         saved = 100.0 * (1.0 - capacity_now / capacity_new)
         text += f"; beside the replica autoscaler, {saved:.0f}% fewer replicas at the same load"
-    return Worth(gain > cost and gain > 0, gain, cost, keep, text)
+    if cost_now > cost:
+        text += (
+            f"; {cost_now:,.0f} requests without headroom ({overload:.2f} req/s over what "
+            f"the pods carry x {OVERLOAD_HARM:.0f} per restart)"
+        )
+    return Worth(gain > cost and gain > 0, gain, cost, keep, text, cost_now)
 
 
 def replicas_freed_requests(

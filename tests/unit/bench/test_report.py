@@ -110,11 +110,14 @@ def test_verdict_passes_a_harmless_run_and_names_each_harm() -> None:
     lines = report.verdict([good])
     assert all("NOT MET" not in line for line in lines), lines
     harmful = copy.deepcopy(good)
-    harmful["methods"]["ours"] = _row(9.0, 500, 18, 25)
+    harmful["methods"]["ours"] = {**_row(9.0, 500, 18, 25), "failed_tuning_late": 420}
     text = "\n".join(report.verdict([harmful]))
     assert "defaults' on every scenario: NOT MET: s1 (9.00 < 10.00)" in text
     assert "every search baseline's: NOT MET" in text
-    assert "0.1% of arrivals: NOT MET: s1 (500 = 0.500%)" in text
+    assert (
+        "0.1% of arrivals: NOT MET: s1 (500 = 0.500%, 420 of them aborted after missing the "
+        "TTFT threshold)" in text
+    )
     assert "within 15 of oracle-static where the defaults violate: NOT MET: s1 (25" in text
     bad_model = _result(_row(10.5, 0, 10, 10), [_point("applied", 0.5, True)])
     assert any(

@@ -210,6 +210,31 @@ def test_scaling_down_drains_and_counts_aborts_as_tuning() -> None:
     assert len(w.pods) == 1
 
 
+def test_a_drain_of_a_queue_and_a_queue_left_at_the_horizon_read_alike() -> None:
+    """Past its capacity (60 req/s per pod) a pod's queue holds requests that have already
+    missed the TTFT threshold. A drain that aborts them counts them as failed by tuning and,
+    apart, as late; the same queue left to the horizon is unfinished, and as late."""
+    s = scenario({"shutdown_timeout_s": 0, "pre_stop_s": 0}, workload={"preset": "chat",
+                                                                         "rate": 60.0})  # fmt: skip
+    w = World(s, A, horizon_s=180)
+    w.advance_to(120)
+    doomed = max(w.pods, key=lambda p: p.slot)
+    in_flight, late = len(doomed.in_flight), w.late_requests(doomed, w.t)
+    assert 0 < late < in_flight  # a long queue; the running requests got their first token
+    unfinished, unfinished_late = w.unfinished()
+    assert unfinished == sum(len(p.in_flight) for p in w.pods) > in_flight
+    assert late < unfinished_late < unfinished
+    w.apply_topology(Topology(A, 1, None, 0))
+    w.advance_to(121)
+    assert w.failed_by_cause()["tuning"] == in_flight
+    assert int(w.acc.failed_tuning_late.sum()) == late
+    # At 2 req/s with a 1 s TTFT threshold nothing is late, at a drain or at the horizon.
+    calm = World(scenario(), A, horizon_s=300)
+    calm.advance_to(300)
+    assert calm.unfinished()[1] == 0 and calm.unfinished()[0] >= 0
+    assert all(calm.late_requests(p, calm.t) == 0 for p in calm.pods)
+
+
 # ----------------------------------------------------------------------- exact SLO counts
 
 

@@ -7,7 +7,13 @@
 - worth: only a gain that exceeds the cost; a confirmed violation the candidate can carry is
   a gain whatever the model thinks of the current knobs;
 - headroom: always with surge; without it, the pods that stay carry the load (one replica
-  without surge never has headroom under load).
+  without surge never has headroom under load);
+- the overload a restart causes: none exactly when there is headroom, never the excess the
+  deployment has anyway (at most one pod's capacity), monotone in the load; the cost with it
+  is never below the plain restart's;
+- the wait for headroom (ski rental): never past the limit, none when going now costs no
+  more, monotone in the extra cost and antitone in the gain rate, and whenever headroom
+  comes (or never) at most twice the cost of the best choice in hindsight.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from vllm_autotuner.core.economics import (
     cost_requests,
     gain_requests,
     headroom,
+    headroom_wait_s,
     keep_time_s,
+    restart_overload_rps,
     restarts,
     worth_restart,
 )
@@ -98,6 +106,49 @@ def test_worth_text_shows_both_numbers() -> None:
     assert "3 pod restarts x 120 s x 7.00 req/s" in w.text
     surge = worth_restart(ctx(surge=1), RolloutRules(), "Canary", 5.0, 8.0, 7.0, 7.0)
     assert "with surge, no capacity lost" in surge.text and surge.cost_requests == 0.0
+
+
+@pytest.mark.parametrize(
+    ("replicas", "surge", "capacity", "rate", "overload"),
+    [
+        (2, 0, 10.0, 4.0, 0.0),  # one pod carries the 8 req/s: headroom
+        (2, 0, 10.0, 6.0, 2.0),  # 12 req/s on one pod of 10 while the other loads
+        (2, 0, 10.0, 15.0, 10.0),  # past 20 req/s already: the restart takes one pod's 10
+        (3, 0, 10.0, 12.0, 10.0),  # 36 on 30 anyway; on 20 while out: 6 + 10 -> 10 more
+        (1, 0, 10.0, 4.0, 4.0),  # one pod: its restart takes all it serves
+        (1, 0, 10.0, 40.0, 10.0),  # ... and no more than its capacity
+        (2, 0, 0.0, 5.0, 0.0),  # pods that serve nothing within the SLO lose nothing
+        (2, 1, 10.0, 15.0, 0.0),  # surge: no pod is taken out
+    ],
+)
+def test_restart_overload_table(
+    replicas: int, surge: int, capacity: float, rate: float, overload: float
+) -> None:
+    c = ctx(replicas, surge)
+    assert restart_overload_rps(c, capacity, rate) == pytest.approx(overload)
+
+
+def test_worth_text_shows_the_cost_without_headroom() -> None:
+    """chat-8b-h100 without surge, past its capacity (28 req/s/pod on pods that serve 19.1):
+    the overload a canary's three restarts cause is one pod's 19.1 req/s, not the 37.7 req/s
+    the deployment is short of anyway."""
+    w = worth_restart(ctx(), RolloutRules(max_per_day=12), "Canary", 19.1, 28.66, 28.0, 28.0)
+    assert w.cost_requests == pytest.approx(3 * 120 * 28.0)
+    assert w.cost_now_requests == pytest.approx(3 * 120 * (28.0 + OVERLOAD_HARM * 19.1))
+    assert f"{w.cost_now_requests:,.0f} requests without headroom (19.10 req/s" in w.text
+    assert w.gain_rate == pytest.approx((28.0 - 19.1) * 2)
+    assert (
+        "without headroom"
+        not in worth_restart(ctx(), RolloutRules(), "Canary", 19.1, 28.66, 5.0, 5.0).text
+    )
+
+
+def test_headroom_wait_table() -> None:
+    assert headroom_wait_s(3000.0, 1000.0, 10.0, 3600.0) == pytest.approx(200.0)
+    assert headroom_wait_s(3000.0, 1000.0, 0.1, 3600.0) == 3600.0  # at most the limit
+    assert headroom_wait_s(3000.0, 1000.0, 0.0, 3600.0) == 3600.0  # nothing lost by waiting
+    assert headroom_wait_s(1000.0, 1000.0, 10.0, 3600.0) == 0.0  # going now costs no more
+    assert headroom_wait_s(3000.0, 1000.0, 10.0, -5.0) == 0.0
 
 
 def test_headroom_table() -> None:
@@ -258,3 +309,94 @@ def test_headroom_properties(
         assert headroom(c, capacity + more_capacity, rate).ok
     else:
         assert not headroom(c, capacity, rate + more_rate).ok
+
+
+@given(
+    replicas=st.integers(0, 64),
+    surge=st.integers(0, 2),
+    strategy=st.sampled_from(STRATEGIES),
+    capacity=capacities,
+    rate=rates,
+    more_rate=rates,
+)
+def test_the_cost_counts_only_the_overload_the_restart_causes(
+    replicas: int,
+    surge: int,
+    strategy: Strategy,
+    capacity: float,
+    rate: float,
+    more_rate: float,
+) -> None:
+    c = ctx(replicas, surge)
+    n = max(1, replicas)
+
+    def cost(r: float) -> float:
+        return cost_requests(c, strategy, r, restart_overload_rps(c, capacity, r))
+
+    overload = restart_overload_rps(c, capacity, rate)
+    plain = cost_requests(c, strategy, rate)
+    assert cost(rate) >= plain  # never below the capacity lost without surge
+    assert cost(rate + more_rate) >= cost(rate) * (1 - 1e-12)  # monotone in the load
+    # Never the excess the deployment has anyway: at most the one pod's capacity, and once
+    # every pod is past its capacity more traffic adds nothing to the overload.
+    assert 0.0 <= overload <= capacity * (1 + 1e-12)
+    if surge == 0 and rate >= capacity:
+        assert overload == pytest.approx(capacity)
+        assert restart_overload_rps(c, capacity, rate + more_rate) == pytest.approx(overload)
+    if surge > 0:
+        assert overload == 0.0
+    elif capacity > 0:
+        # No overload exactly when the pods that stay carry the traffic.
+        assert (overload == 0.0) == headroom(c, capacity, rate).ok or rate * n == 0.0
+
+
+@given(
+    cost_room=st.floats(0.0, 1e7),
+    extra=st.floats(-1e6, 1e7),
+    more_extra=st.floats(0.0, 1e7),
+    gain_rate=st.floats(0.0, 1e4),
+    more_rate=st.floats(0.0, 1e4),
+    limit=st.floats(0.0, 1e5),
+)
+def test_headroom_wait_properties(
+    cost_room: float,
+    extra: float,
+    more_extra: float,
+    gain_rate: float,
+    more_rate: float,
+    limit: float,
+) -> None:
+    cost_now = cost_room + extra
+    w = headroom_wait_s(cost_now, cost_room, gain_rate, limit)
+    assert 0.0 <= w <= limit  # never past the limit
+    if cost_now <= cost_room:
+        assert w == 0.0  # going now costs no more: no reason to wait
+    # Longer when going now costs more; shorter when waiting loses more.
+    assert headroom_wait_s(cost_now + more_extra, cost_room, gain_rate, limit) >= w
+    assert headroom_wait_s(cost_now, cost_room, gain_rate + more_rate, limit) <= w
+
+
+@given(
+    cost_room=st.floats(0.0, 1e6),
+    extra=st.floats(0.0, 1e6),
+    gain_rate=st.floats(1e-3, 1e4),
+    slack=st.floats(0.0, 1e6),
+    arrives=st.one_of(st.none(), st.floats(0.0, 1e7)),
+)
+def test_the_wait_costs_at_most_twice_the_best_choice_in_hindsight(
+    cost_room: float, extra: float, gain_rate: float, slack: float, arrives: float | None
+) -> None:
+    """Headroom comes at `arrives` seconds (None: never). Waiting costs the gain rate per
+    second; going costs the restart with the overload, or without it once headroom is here.
+    The rule waits `headroom_wait_s`, then goes; the best in hindsight either goes at once
+    or waits exactly until headroom comes. (A limit below the break-even trades this bound
+    for a shorter wait: headroom just after the limit costs up to 1 + extra ÷ (gain rate x
+    limit) times the best.)"""
+    cost_now = cost_room + extra
+    w = headroom_wait_s(cost_now, cost_room, gain_rate, extra / gain_rate + slack)
+    if arrives is not None and arrives <= w:
+        rule = gain_rate * arrives + cost_room
+    else:
+        rule = gain_rate * w + cost_now
+    best = cost_now if arrives is None else min(cost_now, gain_rate * arrives + cost_room)
+    assert rule <= 2.0 * best * (1 + 1e-9) + 1e-9

@@ -6,8 +6,10 @@ The rules held here, over random loads, replica counts, rollout settings, clocks
 - a crashing or OOM-killed candidate (canary or rolling, any trial phase) is rolled back at
   the same reconcile, whatever the headroom, the load or a headroom wait in progress;
 - without surge, no rollout starts unless the pods that stay can carry the traffic, or the
-  headroom wait has passed headroomTimeout (and then only to fix a confirmed violation); the
-  wait is bounded and announced once;
+  headroom wait has reached its break-even (the gain lost by waiting equals the overload's
+  extra cost, at most headroomTimeout), and then only to fix a confirmed violation whose
+  gain exceeds the cost with the overload; the wait never passes headroomTimeout and is
+  announced once;
 - a canary is never started with one replica (nor when the rollout settings turn it off);
 - during a canary (RollingOut, Verifying) the stable Deployment's knobs (`state.applied`)
   never change and nothing is applied; promotion applies the candidate to every pod
@@ -44,8 +46,9 @@ from tests.unit.core.test_decide import (
     violating_snapshot,
 )
 from vllm_autotuner.api.status import TuningStatus
+from vllm_autotuner.core.canary import miss_share
 from vllm_autotuner.core.decide import Decision, canary_command, decide
-from vllm_autotuner.core.economics import headroom
+from vllm_autotuner.core.economics import headroom, headroom_wait_s, worth_restart
 from vllm_autotuner.core.rollout import rollout_progress, utc_day
 from vllm_autotuner.core.snapshot import Observation, Snapshot
 from vllm_autotuner.core.topology import CANARY_PHASES, topology
@@ -267,6 +270,25 @@ def _applied_capacity(d: Decision) -> float:
     return d.predictions[0][1].capacity_rps
 
 
+def _break_even(
+    d: Decision, ctx: DeploymentContext, policy: TuningPolicy, snap: Snapshot, peak: float
+) -> tuple[float, bool]:
+    """When a rollout without headroom may go (seconds into the wait), and whether it may at
+    all: the economics of the decision's own predictions, at its load and peak."""
+    (_, now), (_, new) = d.predictions
+    strategy: Strategy = "Canary" if ctx.replicas >= 2 and ctx.rollout.canary else "Rolling"
+    violated = d.diagnosis is not None and d.diagnosis.violates_slo
+    rate = snap.per_pod_rate()
+    miss = miss_share(snap, policy.slo) if violated else 0.0
+    w = worth_restart(
+        ctx, policy.rollout, strategy, now.capacity_rps, new.capacity_rps, rate,
+        max(rate, peak), miss,
+    )  # fmt: skip
+    limit = policy.rollout.headroom_timeout_s
+    go_at = headroom_wait_s(w.cost_now_requests, w.cost_requests, w.gain_rate, limit)
+    return go_at, violated and w.gain_requests > w.cost_now_requests
+
+
 @expensive(120)
 @given(
     replicas=st.integers(1, 4),
@@ -279,7 +301,7 @@ def _applied_capacity(d: Decision) -> float:
     waited=st.one_of(st.none(), st.integers(0, 7200)),
     peak=st.one_of(st.none(), st.sampled_from([4.0, 30.0])),
 )
-def test_no_rollout_without_headroom_or_surge_before_the_timeout(
+def test_no_rollout_without_headroom_or_surge_before_the_break_even(
     replicas: int,
     surge: int,
     canary: bool,
@@ -312,14 +334,18 @@ def test_no_rollout_without_headroom_or_surge_before_the_timeout(
     room = headroom(ctx, _applied_capacity(d), rate)
     waits = "rollout waits for headroom" in d.reason
     gave_up = "RolloutAbandoned" in reasons(d)
-    overdue = since is not None and (NOW - since).total_seconds() > timeout
+    waited = 0.0 if since is None else (NOW - since).total_seconds()
+    go_at, may_go = (0.0, False)
+    if len(d.predictions) == 2:
+        go_at, may_go = _break_even(d, ctx, policy, snap, peak or 0.0)
     event(f"{d.action}{' (waits)' if waits else ''}{' (gave up)' if gave_up else ''}")
     if d.action == "rollout":
         s = d.new_state
         if surge == 0 and not room.ok:
-            # Only past the deadline, and only to fix a violation that is worth the harm.
-            assert overdue and d.diagnosis is not None and d.diagnosis.violates_slo
-            assert "no headroom came within headroomTimeout" in d.reason
+            # Only from the break-even on, and only to fix a violation worth the overload.
+            assert may_go and waited >= go_at, (waited, go_at)
+            assert f"going without headroom after waiting {waited / 60:.0f} min" in d.reason
+            assert f"break-even {go_at / 60:.0f} min" in d.reason
         assert s.headroom_wait_since is None
         if s.strategy == "Canary":
             assert replicas >= 2 and canary
@@ -334,7 +360,9 @@ def test_no_rollout_without_headroom_or_surge_before_the_timeout(
             assert d.knobs_to_apply == s.applied == s.candidate
             assert reasons(d) == ["RolloutStarted"]
     if waits:
-        assert surge == 0 and not room.ok and not overdue
+        assert surge == 0 and not room.ok and waited <= timeout  # never past headroomTimeout
+        assert not (may_go and waited >= go_at)
+        assert "break-even" in d.reason
         assert d.action == "hold" and d.knobs_to_apply is None
         assert d.new_state.phase == "Holding"
         assert d.new_state.headroom_wait_since == (since or NOW)
@@ -342,7 +370,7 @@ def test_no_rollout_without_headroom_or_surge_before_the_timeout(
         assert reasons(d) == ([] if since else ["WaitingForHeadroom"])
         assert "min)" in d.reason and "req/s" in d.reason
     if gave_up:
-        assert overdue and d.new_state.headroom_wait_since is None
+        assert waited > timeout and not may_go and d.new_state.headroom_wait_since is None
         assert d.new_state.phase == "Observing"
     if surge > 0:
         assert not waits and not gave_up
@@ -350,30 +378,41 @@ def test_no_rollout_without_headroom_or_surge_before_the_timeout(
         assert d.new_state.headroom_wait_since is None
 
 
-def test_the_headroom_wait_is_bounded_over_reconciles() -> None:
+@pytest.mark.parametrize(
+    ("load_time", "ends"),
+    [(30.0, "break-even"), (120.0, "headroomTimeout"), (600.0, "abandoned")],
+)
+def test_the_headroom_wait_is_bounded_over_reconciles(load_time: float, ends: str) -> None:
     """Two replicas without surge at a load one pod cannot carry: the rollout waits (one
-    Event), every reconcile keeps the same start of the wait, and once headroomTimeout has
-    passed it goes ahead for a confirmed violation worth the harm."""
-    ctx, policy = hctx(2, 0), hpolicy(headroom_timeout_s=1800.0)
+    Event), every reconcile keeps the same start of the wait, and it goes ahead for the
+    confirmed violation at the first reconcile at or after the break-even (30 s restarts:
+    12 min), or at headroomTimeout (30 min) when the break-even is later (120 s restarts);
+    when the overload would cost more than the gain (600 s restarts) it gives up there."""
+    ctx, policy = hctx(2, 0, load_time_s=load_time), hpolicy(headroom_timeout_s=1800.0)
     snap = violating_snapshot(BASE, rate=2 * 14.0, num_pods=2)
     state = TuningState.initial(BASE)
-    now, waits, started = NOW, 0, None
+    now, ended, go_at, d = NOW, None, None, None
     announced: list[str] = []
     for _ in range(12):
         d = decide(state, Observation(snap, ready_pods(BASE, 2)), policy, ctx, now, SharedModel())
         announced += [r for r in reasons(d) if r == "WaitingForHeadroom"]
-        if d.action == "rollout":
-            started = now
+        go_at = go_at or _break_even(d, ctx, policy, snap, 0.0)[0]
+        if d.action == "rollout" or "RolloutAbandoned" in reasons(d):
+            ended = now
             break
         assert "rollout waits for headroom" in d.reason, d.reason
         assert d.new_state.headroom_wait_since == NOW
-        waits += 1
         state = d.new_state
         now += timedelta(minutes=5)
     assert announced == ["WaitingForHeadroom"]
-    assert started is not None and (started - NOW).total_seconds() > 1800.0
-    assert (started - NOW).total_seconds() <= 1800.0 + 300.0  # the first reconcile after it
-    assert waits == 7
+    assert d is not None and ended is not None and go_at is not None
+    waited = (ended - NOW).total_seconds()
+    if ends == "abandoned":
+        assert d.action == "hold" and 1800.0 < waited <= 1800.0 + 300.0
+        return
+    assert d.action == "rollout"
+    assert go_at <= waited < go_at + 300.0
+    assert (go_at < 1800.0) == (ends == "break-even")
 
 
 def test_a_rollout_that_only_gains_capacity_gives_up_when_headroom_never_comes() -> None:
