@@ -6,13 +6,17 @@ The ground truth (bench/tuning/truth.py) judges a rate on one run of the scenari
 SLO while its running set grows towards max_num_seqs passes such a short run at a rate it
 cannot hold: the queue has not built yet. This re-measures the final knobs of the oracle, the
 defaults and ours of a finished bench.tuning run with the same rate search on longer runs, and
-prints both capacities and ours ÷ oracle under each. It never changes results.json.
+prints both capacities and ours ÷ oracle under each. With `--decisions` it also measures the
+sustained capacity of every knob setting the operator predicted at a decision (results.json's
+`ours_trace.predictions`) and prints the model's |error| against both. It never changes
+results.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,10 +76,45 @@ def rows(results: list[dict[str, Any]], requests: int) -> list[str]:
     return out
 
 
+def decision_errors(results: list[dict[str, Any]], requests: int) -> None:
+    """The model's capacity error at every decision, against the ground truth and against
+    the sustained capacity of the same knobs."""
+    every: dict[str, list[float]] = {"truth": [], "sustained": []}
+    for sc in results:
+        measured: dict[Knobs, tuple[float, float]] = {}
+        errs: dict[str, list[float]] = {"truth": [], "sustained": []}
+        for p in sc["ours_trace"]["predictions"]:
+            k = _knobs(p["knobs"])
+            if k not in measured:
+                measured[k] = sustained(sc["file"], k, requests)
+            short, long = measured[k]
+            for name, truth in (("truth", short), ("sustained", long)):
+                if truth > 0:
+                    errs[name].append(abs(p["predicted"] / truth - 1.0))
+        for name, e in errs.items():
+            every[name] += e
+            if e:
+                print(
+                    f"  {sc['scenario']} vs {name}: {len(e)} decisions ({len(measured)} knob "
+                    f"settings), |error| median {statistics.median(e):.0%}, worst {max(e):.0%}",
+                    flush=True,
+                )
+    for name, e in every.items():
+        if e:
+            print(
+                f"all scenarios vs {name}: {len(e)} decisions, |error| median "
+                f"{statistics.median(e):.0%}, worst {max(e):.0%}",
+                flush=True,
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path, help="results.json of a bench.tuning run")
     ap.add_argument("--requests", type=int, default=4000, help="requests per judged run")
+    ap.add_argument(
+        "--decisions", action="store_true", help="also the model's error at every decision"
+    )
     args = ap.parse_args(argv)
     if args.requests < 100:
         ap.error("--requests must be at least 100")
@@ -85,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot read {args.results}: {e}", file=sys.stderr)
         return 2
     rows(results, args.requests)
+    if args.decisions:
+        decision_errors(results, args.requests)
     return 0
 
 
