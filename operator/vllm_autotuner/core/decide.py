@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from vllm_autotuner.core.autoscaling import scale_wait
 from vllm_autotuner.core.canary import judge_canary, miss_share
-from vllm_autotuner.core.diagnosis import Diagnosis, diagnose, slo_confirmed_met
+from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
 from vllm_autotuner.core.economics import (
     Headroom,
     Worth,
@@ -28,7 +28,6 @@ from vllm_autotuner.core.perf_model import (
     PerformanceModel,
     Prediction,
     Workload,
-    at_least,
     prediction_agrees,
 )
 from vllm_autotuner.core.rollout import (
@@ -723,9 +722,8 @@ def _steady(
 
     workload = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
     cal = model.calibrate(snap, applied, ctx, workload, _prior(state))
+    current = model.predict(applied, workload, cal)
     rate = snap.per_pod_rate()
-    floor = rate if slo_confirmed_met(snap, policy.slo) else 0.0
-    current = at_least(model.predict(applied, workload, cal), floor)
     check = ModelCheck(
         time=now,
         knobs=applied,
@@ -758,7 +756,7 @@ def _steady(
     if memo is not None and _memo_answers(memo, inputs, workload, cal, now, policy):
         res, conclusion = memo.result, memo.conclusion
     else:
-        res, conclusion = _conclude(state, policy, diag, model, workload, cal, check.trusted, floor)
+        res, conclusion = _conclude(state, policy, diag, model, workload, cal, check.trusted)
         memo = SearchMemo(now, inputs, workload, cal, res, conclusion)
     summary = f"{diag.kind}: {diag.evidence}; {conclusion}"
     if not res.worth_rollout or res.best is None or res.prediction is None:
@@ -838,13 +836,6 @@ def _steady(
     )  # fmt: skip
 
 
-# How far over a threshold the model must put a percentile the histogram cannot judge before it
-# counts as a violation: the model's own resolution. With the simulator's true efficiencies it
-# puts tight-itl-8b-h100's ITL p99 at 640/584 1.1-1.2 ms (~5 %) above the simulator's; a run
-# acted on "the model puts ITL at 25.0 ms > 25 ms" and moved to a worse budget.
-MODEL_VIOLATION_MARGIN = 0.05
-
-
 def _with_model_violations(
     diag: Diagnosis, check: ModelCheck, current: Prediction, policy: TuningPolicy
 ) -> Diagnosis:
@@ -856,7 +847,7 @@ def _with_model_violations(
     found = tuple(
         (metric, values[metric], t.threshold_ms)
         for metric, t in policy.slo.targets()
-        if values[metric] > t.threshold_ms * (1.0 + MODEL_VIOLATION_MARGIN)
+        if values[metric] > t.threshold_ms
     )
     if not found:
         return diag
@@ -987,7 +978,6 @@ def _conclude(
     workload: Workload,
     cal: Calibration,
     trusted: bool = False,
-    floor: float = 0.0,
 ) -> tuple[SearchResult, str]:
     """Run the search (and its fallbacks) and say what it found, after the diagnosis.
 
@@ -1010,7 +1000,6 @@ def _conclude(
             min_gain_pct=policy.min_gain_pct,
             slo_violated=diag.violates_slo,
             evidence=evidence_of(state),
-            capacity_floor=floor,
         )
 
     res = run_search(None if trusted else diag)

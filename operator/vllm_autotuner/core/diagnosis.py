@@ -68,20 +68,6 @@ def slo_violations(snapshot: Snapshot, slo: SLO) -> tuple[tuple[str, float, floa
     return tuple(out)
 
 
-def slo_confirmed_met(snapshot: Snapshot, slo: SLO) -> bool:
-    """Whether the window's histograms prove every SLO target met: at least the target's
-    share of samples at or under a bucket bound that is itself at or under the threshold (the
-    lower of the bounds `fraction_bounds` gives). Without bucket counts nothing is proven."""
-    targets = slo.targets()
-    if not targets:
-        return False
-    for metric, target in targets:
-        bounds = snapshot.latency(metric).fraction_bounds(target.threshold_ms)
-        if bounds is None or bounds[0] < target.percentile / 100.0:
-            return False
-    return True
-
-
 def _fmt_violation(v: tuple[str, float, float], slo: SLO) -> str:
     metric, value, thr = v
     target = getattr(slo, metric)

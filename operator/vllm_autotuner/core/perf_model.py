@@ -211,17 +211,6 @@ class Prediction:
     slo_ratio: float = 0.0
 
 
-def at_least(pred: Prediction, measured_rps: float) -> Prediction:
-    """`pred` with a capacity of at least `measured_rps`: a rate the window proves the knobs
-    serve within every SLO target is a lower bound on their capacity, whatever the model says.
-    On tight-itl-8b-h100 the model put 640/584 at 8.5-12 req/s/pod (its ITL p99 sits at the
-    25 ms threshold over a wide range of rates, so a 1 ms error moves the capacity 3-fold)
-    while the pods served 18-24 within the SLO, and the tuner left it for worse budgets."""
-    if measured_rps <= pred.capacity_rps:
-        return pred
-    return replace(pred, capacity_rps=measured_rps)
-
-
 class PerformanceModel(Protocol):
     """What decide() and search need from a performance model."""
 

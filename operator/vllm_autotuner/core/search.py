@@ -34,7 +34,6 @@ from vllm_autotuner.core.perf_model import (
     Prediction,
     Screened,
     Workload,
-    at_least,
 )
 from vllm_autotuner.core.steady_state import shared_evaluations
 from vllm_autotuner.core.tuning_types import GMU_EPSILON, Bounds, InfeasibleConfig, Knobs
@@ -223,14 +222,11 @@ def search(
     max_evaluations: int = 400,
     refine_top: int = 2,
     evidence: Sequence[TrialEvidence] = (),
-    capacity_floor: float = 0.0,
 ) -> SearchResult:
     """The best knobs one rollout may reach: a coarse log-spaced pass over the whole reachable
     box, then a finer pass around its best (so a budget can go from 8192 to 704 in one move
     when the model says so). Candidates' capacities answer to what finished trials measured
-    (`evidence`, core/evidence.py). The applied knobs' capacity is at least
-    `capacity_floor` (the load the window proves they serve within the SLO, `at_least`).
-    Deterministic for the same inputs."""
+    (`evidence`, core/evidence.py). Deterministic for the same inputs."""
     gmu_max = gmu_ceiling(applied, stable_gmu, gmu_rise_step)
     screened = isinstance(model, Screened)
     stage_model, stage_cal = (
@@ -284,7 +280,7 @@ def search(
     if best_pred is not None and not best_pred.feasible:
         # Ranked without its capacity (it misses the SLO now); the proposal states it.
         best_pred = corrected(best, stage_model.predict(best, workload, stage_cal))
-    current = at_least(model.predict(applied, workload, calibration), capacity_floor)
+    current = model.predict(applied, workload, calibration)
     if screened:
         # The slow model judges only the screen's best few (and the current knobs).
         finalists = [

@@ -16,7 +16,6 @@ vLLM's), and read back as the Prometheus adapter reads them (histogram_quantile)
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from datetime import UTC, datetime
 
 import numpy as np
@@ -26,8 +25,8 @@ from hypothesis import strategies as st
 
 from tests.unit.core.test_decide import KNOBS, make_policy, make_snapshot
 from vllm_autotuner.core.decide import _with_model_violations
-from vllm_autotuner.core.diagnosis import Diagnosis, slo_confirmed_met, slo_violations
-from vllm_autotuner.core.perf_model import Prediction, at_least
+from vllm_autotuner.core.diagnosis import Diagnosis, slo_violations
+from vllm_autotuner.core.perf_model import Prediction
 from vllm_autotuner.core.rollout import REGRESSION_TOLERANCE, judge_before_after, worst_ratio
 from vllm_autotuner.core.snapshot import LatencySummary, Snapshot, histogram_quantile
 from vllm_autotuner.core.tuning_types import SLO, ModelCheck, SLOTarget
@@ -134,10 +133,6 @@ def _prediction(itl_ms: float) -> Prediction:
     [
         (Diagnosis("healthy", "SLO met"), _check(0.01, True), 60.0, True),
         (Diagnosis("healthy", "SLO met"), _check(0.01, True), 45.0, False),  # under 50 ms
-        # Within the model's resolution of the threshold (MODEL_VIOLATION_MARGIN, 5 %): no.
-        (Diagnosis("healthy", "SLO met"), _check(0.01, True), 50.0, False),
-        (Diagnosis("healthy", "SLO met"), _check(0.01, True), 52.4, False),
-        (Diagnosis("healthy", "SLO met"), _check(0.01, True), 52.6, True),
         (Diagnosis("healthy", "SLO met"), _check(0.01, False), 60.0, False),  # disagrees
         (Diagnosis("healthy", "SLO met"), _check(0.5, True), 60.0, False),  # poor fit
         (Diagnosis("healthy", "SLO met"), _check(None, True), 60.0, False),  # not fitted
@@ -152,7 +147,7 @@ def test_a_violation_the_buckets_cannot_confirm_counts_only_from_a_trusted_model
     assert out.violates_slo == added
     if added:
         assert out.violations == (("itl", itl_ms, 50.0),)
-        assert f"the model puts ITL at {itl_ms:.1f} ms > 50 ms" in out.evidence
+        assert "the model puts ITL at 60.0 ms > 50 ms" in out.evidence
     else:
         assert out == diag
 
@@ -196,48 +191,3 @@ def test_before_after_never_keeps_a_confirmed_violation_the_baseline_would_not_b
     else:
         assert v.keep == ((cap_c / cap_b - 1.0) * 100.0 >= min_gain / 2.0), v.reason
     assert any(ch.isdigit() for ch in v.reason)
-
-
-# ------------------------------------------------------------- a measured lower bound on capacity
-
-
-def _itl_window(under_25: float, under_50: float) -> Snapshot:
-    n = 10_000.0
-    buckets = ((10.0, n * 0.5), (25.0, n * under_25), (50.0, n * under_50), (math.inf, n))
-    snap = make_snapshot(itl_p95=20.0)
-    itl = LatencySummary(p50_ms=9.0, p95_ms=20.0, p99_ms=24.0, mean_ms=10.0, buckets=buckets)
-    ttft = LatencySummary(p50_ms=100.0, p95_ms=300.0, buckets=((500.0, n), (math.inf, n)))
-    return replace(snap, itl=itl, ttft=ttft)
-
-
-@pytest.mark.parametrize(
-    ("under_25", "under_50", "threshold", "met"),
-    [
-        (1.0, 1.0, 25.0, True),  # every gap at or under a bound at the threshold
-        (0.96, 1.0, 25.0, True),  # p95: 96 % proven under 25 ms
-        (0.94, 1.0, 25.0, False),  # 94 % proven: the p95 may be over
-        (0.94, 1.0, 40.0, False),  # the threshold inside 25-50 ms: only 94 % proven under it
-        (1.0, 1.0, 40.0, True),
-    ],
-)
-def test_a_met_slo_is_proven_only_by_the_buckets_under_the_threshold(
-    under_25: float, under_50: float, threshold: float, met: bool
-) -> None:
-    slo = SLO(
-        ttft=SLOTarget(percentile=95.0, threshold_ms=1000.0),
-        itl=SLOTarget(percentile=95.0, threshold_ms=threshold),
-    )
-    assert slo_confirmed_met(_itl_window(under_25, under_50), slo) is met
-
-
-def test_no_buckets_prove_nothing() -> None:
-    snap = replace(make_snapshot(), itl=LatencySummary(p95_ms=1.0, mean_ms=1.0))
-    assert not slo_confirmed_met(snap, make_policy().slo)
-
-
-@given(capacity=st.floats(0.0, 100.0), measured=st.floats(0.0, 100.0))
-def test_a_measured_rate_is_a_floor_and_nothing_else(capacity: float, measured: float) -> None:
-    p = replace(_prediction(20.0), capacity_rps=capacity)
-    out = at_least(p, measured)
-    assert out.capacity_rps == max(capacity, measured)
-    assert replace(out, capacity_rps=capacity) == p
