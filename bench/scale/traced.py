@@ -1,7 +1,7 @@
 """`python -m bench.scale.traced run ...`: the operator's CLI under tracemalloc.
 
 BENCH_SCALE_TRACEMALLOC=PATH makes the scale benchmark start the operator through this module;
-every two minutes the live allocations are written to PATH grouped by source line and
+every 30 s the live allocations are written to PATH grouped by source line and
 by file, so the per-deployment memory can be attributed (docs/scale.md).
 """
 
@@ -35,17 +35,21 @@ def _report(path: Path) -> None:
 
 
 def _every(period_s: float, path: Path) -> None:
-    # The benchmark kills an operator that takes long to stop, so report while it runs too.
+    # The benchmark kills an operator that takes long to stop, so report while it runs too;
+    # each report is also kept as PATH.<seconds since start> (the start-up storm and the end).
+    started = time.monotonic()
     while True:
         time.sleep(period_s)
         _report(path)
+        elapsed = round(time.monotonic() - started)
+        path.with_name(f"{path.name}.{elapsed:04d}s").write_text(path.read_text())
 
 
 def main() -> int:
     target = Path(os.environ.get("BENCH_SCALE_TRACEMALLOC") or "tracemalloc.txt")
     # BENCH_SCALE_TRACEMALLOC_FRAMES=N also groups by N-frame tracebacks (slower).
     tracemalloc.start(int(os.environ.get("BENCH_SCALE_TRACEMALLOC_FRAMES") or 1))
-    threading.Thread(target=_every, args=(60.0, target), daemon=True).start()
+    threading.Thread(target=_every, args=(30.0, target), daemon=True).start()
     return cli.main(sys.argv[1:])
 
 
