@@ -45,6 +45,21 @@ def _allocators() -> str:
     return "\n# glibc arenas\n" + _arenas(arenas) + "\n# pymalloc\n" + "\n".join(pymalloc[-24:])
 
 
+def _objects() -> str:
+    """The garbage collector's objects by type: count and shallow size, the largest first."""
+    import gc
+    from collections import Counter
+
+    count: Counter[str] = Counter()
+    size: Counter[str] = Counter()
+    for obj in gc.get_objects():
+        name = type(obj).__qualname__
+        count[name] += 1
+        size[name] += sys.getsizeof(obj)
+    rows = [f"{size[k] / 2**20:8.2f} MiB {count[k]:9d}  {k}" for k, _ in size.most_common(40)]
+    return "# gc objects by type (shallow)\n" + "\n".join(rows)
+
+
 def _arenas(xml: str) -> str:
     """One line per glibc arena from malloc_info's XML: mapped and free MiB."""
     import xml.etree.ElementTree as ET
@@ -70,7 +85,7 @@ def _report(path: Path) -> None:
     if not tracemalloc.is_tracing():
         status = Path("/proc/self/status").read_text().splitlines()
         memory = [line for line in status if line.startswith(("VmRSS", "VmHWM", "RssAnon"))]
-        path.write_text(", ".join(memory) + "\n" + _allocators() + "\n")
+        path.write_text(", ".join(memory) + "\n" + _allocators() + "\n" + _objects() + "\n")
         return
     snap = tracemalloc.take_snapshot().filter_traces(
         [tracemalloc.Filter(False, tracemalloc.__file__)]
