@@ -169,6 +169,31 @@ def proc_memory(pid: int) -> tuple[float, float]:
     return values.get("VmRSS", 0.0), values.get("VmHWM", 0.0)
 
 
+def memory_map(pid: int) -> str:
+    """Where the resident memory is: /proc/PID/smaps_rollup, then Rss and Anonymous per
+    mapping (anonymous mappings grouped as one, the largest first), for docs/scale.md."""
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    rss: Counter[str] = Counter()
+    anon: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    name = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        first = line.split(maxsplit=1)[0]
+        if "-" in first and not first.endswith(":"):
+            parts = line.split(maxsplit=5)
+            name = parts[5].strip() if len(parts) > 5 else "[anon]"
+            count[name] += 1
+        elif first == "Rss:":
+            rss[name] += int(line.split()[1])
+        elif first == "Anonymous:":
+            anon[name] += int(line.split()[1])
+    rows = [
+        f"{rss[k] / 1024:8.1f} MiB rss {anon[k] / 1024:8.1f} MiB anon {count[k]:5d} maps  {k}"
+        for k, _ in rss.most_common(40)
+    ]
+    return rollup + "\n" + "\n".join(rows) + "\n"
+
+
 def proc_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
@@ -222,6 +247,7 @@ def _run(
     metrics_port = free_port()
     operator: subprocess.Popen[bytes] | None = None
     log_file = (out / f"operator-{n}.log").open("wb")
+    trace = (out / f"operator-{n}-rss.tsv").open("w", buffering=1)  # seconds, converged, MiB
     try:
         for i in range(namespaces):
             namespace = deployment(i, namespaces)["metadata"]["namespace"]
@@ -268,6 +294,9 @@ def _run(
                 if operator.poll() is not None:
                     raise RuntimeError(f"the operator exited with {operator.returncode}")
                 converged = _converged(session, apiserver.url)
+                trace.write(
+                    f"{time.monotonic() - started:.0f}\t{converged}\t{proc_memory(operator.pid)}\n"
+                )
                 if converged >= n:
                     break
                 time.sleep(3 if n <= 100 else 10)
@@ -293,6 +322,7 @@ def _run(
         idle = delta(after, before)
         rss, hwm = proc_memory(operator.pid)
         cpu = proc_cpu_s(operator.pid)
+        (out / f"operator-{n}-memory.txt").write_text(memory_map(operator.pid))
         return RunResult(
             deployments=n,
             namespaces=namespaces,
@@ -325,6 +355,7 @@ def _run(
                 operator.kill()
                 operator.wait(10)
         log_file.close()
+        trace.close()
         prom.stop()
 
 

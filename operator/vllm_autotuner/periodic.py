@@ -14,7 +14,6 @@ The loop cannot see kopf's peering pause, so it runs only in standalone mode; wi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import logging
 import math
@@ -36,6 +35,7 @@ class ReconcileSchedule:
     def __init__(self) -> None:
         self._due: dict[str, float] = {}
         self._busy: set[str] = set()
+        self._again: set[str] = set()  # woken while busy: due again as soon as done
         self._heap: list[tuple[float, str]] = []  # lazily invalidated: (due, key)
 
     def __len__(self) -> int:
@@ -62,8 +62,18 @@ class ReconcileSchedule:
 
     def done(self, key: str, now: float, delay_s: float) -> None:
         self._busy.discard(key)
+        again = key in self._again
+        self._again.discard(key)
         if key in self._due:
-            self._set(key, now + max(0.0, delay_s))
+            self._set(key, now if again else now + max(0.0, delay_s))
+
+    def wake(self, key: str, now: float) -> None:
+        """Make `key` due now (an event changed it). One in flight may have read its inputs
+        before the change, so it is due again as soon as it is done."""
+        if key in self._busy:
+            self._again.add(key)
+        else:
+            self._set(key, now)
 
     def next_due(self) -> float:
         """The earliest due time of an idle key (inf when none)."""
@@ -88,15 +98,20 @@ async def run_periodic(
     poll_s: float = 1.0,
     failure_delay_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
+    schedule: ReconcileSchedule | None = None,
+    wakeup: asyncio.Event | None = None,
 ) -> None:
     """Reconcile every key when due until `stop` is set, at most `concurrency` at a time.
+
+    `schedule` and `wakeup` let event handlers hand a key over (`schedule.wake(key)`, then
+    `wakeup.set()`): the loop looks at once instead of after `poll_s`.
 
     `reconcile(key)` returns the seconds until that key is due again. `keys` is read every
     `poll_s` (it is an index that kopf's watch keeps current), so a new deployment waits at
     most that long for its first periodic reconcile; its creation event has reconciled it
     already. On stop, reconciles in flight run to their end: a rollout step is never cut.
     """
-    schedule = ReconcileSchedule()
+    schedule = ReconcileSchedule() if schedule is None else schedule  # empty is falsy
     gate = asyncio.Semaphore(concurrency)
     running: set[asyncio.Task[None]] = set()
 
@@ -112,6 +127,8 @@ async def run_periodic(
             schedule.done(key, clock(), delay)
 
     while not stop.is_set():
+        if wakeup is not None:
+            wakeup.clear()
         now = clock()
         schedule.sync(keys(), now)
         for key in schedule.pop_due(now):
@@ -119,7 +136,17 @@ async def run_periodic(
             running.add(task)
             task.add_done_callback(running.discard)
         wait = min(poll_s, max(0.0, schedule.next_due() - clock()))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=wait if wait > 0 else poll_s / 100)
+        await _sleep(stop, wakeup, wait if wait > 0 else poll_s / 100)
     if running:
         await asyncio.gather(*running, return_exceptions=True)
+
+
+async def _sleep(stop: asyncio.Event, wakeup: asyncio.Event | None, timeout: float) -> None:
+    """Until `timeout` passes or `stop` or `wakeup` is set."""
+    events = [stop] if wakeup is None else [stop, wakeup]
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -44,6 +44,10 @@ NOT_EXERCISED: dict[Rule, str] = {
         "reads managedFields when autoscaling.target becomes Deployment; "
         "tests/integration/test_autoscaling.py runs that switch under the chart's rules"
     ),
+    ("vllm.autotuner.io", "vllmdeployments", "get"): (
+        "a child's event reads its owner only with --peering; standalone, the handler hands "
+        "the owner's key to the periodic loop, which reads it from kopf's index"
+    ),
 }
 
 

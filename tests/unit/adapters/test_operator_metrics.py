@@ -132,3 +132,26 @@ async def test_the_controller_publishes_phase_and_slo_met() -> None:
     met = value(metrics, "vllm_autotuner_slo_met", namespace="default", deployment=name)
     assert kube.conditions["SLOMet"] in ("True", "False")  # the window was usable
     assert met == (1.0 if kube.conditions["SLOMet"] == "True" else 0.0)
+
+
+def test_labelled_gauges_expose_what_prometheus_client_gauges_expose() -> None:
+    """The dict-backed families (one tuple and one float per series, for memory at 1,000
+    deployments) print the same text as prometheus_client's Gauge after the same calls."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from vllm_autotuner.adapters.metrics import LabelledGauges
+
+    ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
+    ours = LabelledGauges(ours_registry).family("g", "A gauge.", ["namespace", "deployment"])
+    LabelledGauges(ours_registry).family("empty", "Listed without series.", ["a"])
+    theirs = Gauge("g", "A gauge.", ["namespace", "deployment"], registry=theirs_registry)
+    Gauge("empty", "Listed without series.", ["a"], registry=theirs_registry)
+    for labels, v in [(("ns", "a"), 1.0), (("ns", "b"), 2.5), (("ns", "a"), 3.0)]:
+        ours.set(*labels, value=v)
+        theirs.labels(*labels).set(v)
+    ours.remove("ns", "b")
+    theirs.remove("ns", "b")
+    ours.remove("ns", "never")  # removing an absent series is not an error
+    assert generate_latest(ours_registry) == generate_latest(theirs_registry)
+    with pytest.raises(ValueError, match="expected 2 label values"):
+        ours.set("ns", value=1.0)

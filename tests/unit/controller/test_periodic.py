@@ -47,11 +47,27 @@ def test_a_key_that_comes_back_is_due_at_once() -> None:
     assert s.pop_due(2.0) == ["a"]
 
 
+def test_a_woken_key_is_due_now_and_one_in_flight_runs_again_when_done() -> None:
+    s = ReconcileSchedule()
+    s.sync(["a", "b"], now=0.0)
+    assert sorted(s.pop_due(0.0)) == ["a", "b"]
+    s.done("a", now=1.0, delay_s=30.0)
+    s.wake("a", now=2.0)  # idle: due at once, not at 31
+    assert s.pop_due(2.0) == ["a"]
+    s.wake("b", now=3.0)  # in flight: it may have read the old state
+    assert s.pop_due(3.0) == []  # never twice at once
+    s.done("b", now=4.0, delay_s=30.0)
+    assert s.pop_due(4.0) == ["b"]
+    s.done("b", now=5.0, delay_s=30.0)  # the wake is spent: back on its cadence
+    assert s.pop_due(34.9) == []
+    assert s.pop_due(35.0) == ["b"]
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     ops=st.lists(
         st.tuples(
-            st.sampled_from(["sync", "pop", "done"]),
+            st.sampled_from(["sync", "pop", "done", "wake"]),
             st.frozensets(st.sampled_from("abcde")),
             st.floats(min_value=0.0, max_value=50.0),
         ),
@@ -70,6 +86,9 @@ def test_schedule_invariants(ops: list[tuple[str, frozenset[str], float]]) -> No
         if op == "sync":
             s.sync(keys, now)
             tracked = set(keys)
+        elif op == "wake":
+            for key in sorted(keys & tracked):
+                s.wake(key, now)
         elif op == "pop":
             out = s.pop_due(now)
             assert len(out) == len(set(out))
@@ -178,6 +197,38 @@ async def test_loop_bounds_concurrency() -> None:
     )
     assert done == 20
     assert peak == 4
+
+
+async def test_a_wakeup_reconciles_a_woken_key_at_once_not_after_the_poll() -> None:
+    """What an event handler does in standalone mode: wake the key, set the event."""
+    stop = asyncio.Event()
+    wakeup = asyncio.Event()
+    schedule = ReconcileSchedule()
+    calls: list[str] = []
+
+    async def reconcile(key: str) -> float:
+        calls.append(key)
+        if len(calls) == 2:
+            stop.set()
+        return 1000.0
+
+    task = asyncio.create_task(
+        run_periodic(
+            keys=lambda: ["a"],
+            reconcile=reconcile,
+            stop=stop,
+            poll_s=60.0,
+            schedule=schedule,
+            wakeup=wakeup,
+        )
+    )
+    while not calls:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.01)  # the first reconcile is done; the next is 1000 s away
+    schedule.wake("a", asyncio.get_running_loop().time())
+    wakeup.set()
+    await asyncio.wait_for(task, timeout=5)  # 60 s poll: only the wakeup can end it in time
+    assert calls == ["a", "a"]
 
 
 @pytest.mark.parametrize("keys", [[], ["only"]])
