@@ -301,11 +301,11 @@ def _next_mean_step(t: float, got: float, before: tuple[float, float] | None) ->
     if before is None:
         return got
     t0, got0 = before
-    slope = ((got - t) - (got0 - t0)) / (t - t0) if t != t0 else 0.0
+    plain = got - t
+    slope = (plain - (got0 - t0)) / (t - t0) if t != t0 else 0.0
     if slope >= 0.0:
         return got
-    step = -(got - t) / slope
-    plain = got - t
+    step = -plain / slope
     limit = abs(plain) * _SECANT_REACH
     return t + max(-limit, min(limit, step)) if math.isfinite(step) else got
 
@@ -390,14 +390,9 @@ def _iterate_mean_step(
         r = running if running is not None else lam * g * t_mean
         peak = max(peak, r)
         r_eff = min(r, seqs_cap)
-        t_new = (
-            float(
-                curve_at(r_eff, ctx_per_seq)(np.array([r_eff + lam * t_mean * p_mean * (1 - hit)]))[
-                    0
-                ]
-            )
-            + admit_s * lam * t_mean
-        )
+        tokens = r_eff + lam * t_mean * p_mean * (1 - hit)
+        step = float(curve_at(r_eff, ctx_per_seq)(np.array([tokens]))[0])
+        t_new = step + admit_s * lam * t_mean
         if abs(t_new - t_mean) < 1e-4 * t_mean:
             t_mean = t_new
             break
