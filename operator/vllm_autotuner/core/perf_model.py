@@ -336,30 +336,11 @@ class AnalyticModel:
     ) -> Calibration:
         phys = self.bind(ctx)
         cal = replace(_kv_calibration(snapshot, knobs, ctx, prior, phys), fitted=False)
-        mean_itl = snapshot.itl.mean_ms or snapshot.itl.p50_ms
-        if mean_itl is None or workload.request_rate <= 0:
-            return cal
-        running = snapshot.running_mean
-        # What the window showed of the step times: the exact mean inter-token latency, and
-        # the histogram's cumulative fractions at its bucket bounds (never percentiles
-        # interpolated inside a wide bucket). The mean step, counted: a busy engine runs
-        # 1/steps_per_s per step. Busy enough when requests are always running (the gauge's
-        # mean well above one).
-        step_target = None
-        if snapshot.steps_per_s and (running or 0.0) >= 4.0:
-            step_target = -math.log(snapshot.steps_per_s)
         kv = self._kv(knobs, cal)
         centre = _fit_centre(prior, knobs)
-        problem = FitProblem(
-            self._phys().shape,
-            _traffic(workload, workload.request_rate),
-            Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv),
-            running,
-            math.log(mean_itl / 1000.0),
-            step_target,
-            tuple(_itl_shape(snapshot.itl)),
-            None if centre is None else tuple(_params(centre)),
-        )
+        problem = self._problem(snapshot, knobs, workload, kv, centre)
+        if problem is None:
+            return cal
         x, fit_error = _fit_step_times(problem)
         fit = replace(
             _with_params(cal, x),
@@ -372,7 +353,40 @@ class AnalyticModel:
             prior_admit_s=None if centre is None else centre.admit_s,
             prior_jitter=None if centre is None else centre.jitter,
         )
-        return self._fit_api(fit, snapshot, knobs, workload, kv, running)
+        return self._fit_api(fit, snapshot, knobs, workload, kv, snapshot.running_mean)
+
+    def _problem(
+        self,
+        snapshot: Snapshot,
+        knobs: Knobs,
+        workload: Workload,
+        kv: float | None,
+        centre: Calibration | None,
+    ) -> FitProblem | None:
+        """What one window tells the step-time fit (None when it has no inter-token latency).
+
+        What the window showed of the step times: the exact mean inter-token latency, and the
+        histogram's cumulative fractions at its bucket bounds (never percentiles interpolated
+        inside a wide bucket). The mean step, counted: a busy engine runs 1/steps_per_s per
+        step. Busy enough when requests are always running (the gauge's mean well above one).
+        """
+        mean_itl = snapshot.itl.mean_ms or snapshot.itl.p50_ms
+        if mean_itl is None or workload.request_rate <= 0:
+            return None
+        running = snapshot.running_mean
+        step_target = None
+        if snapshot.steps_per_s and (running or 0.0) >= 4.0:
+            step_target = -math.log(snapshot.steps_per_s)
+        return FitProblem(
+            self._phys().shape,
+            _traffic(workload, workload.request_rate),
+            Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv),
+            running,
+            math.log(mean_itl / 1000.0),
+            step_target,
+            tuple(_itl_shape(snapshot.itl)),
+            None if centre is None else tuple(_params(centre)),
+        )
 
     def _fit_api(
         self,
@@ -752,22 +766,40 @@ def _coarse_start(fn: Callable[[Sequence[float]], list[float]], x0: Sequence[flo
     return [float(best[0]), float(best[1]), *x0[2:]]
 
 
+# The Nelder-Mead simplex's first steps from its start, in `_params` units: 30 % in each
+# efficiency, 2 ms of admission cost, 50 % in jitter.
+_SIMPLEX_STEP = (0.3, 0.3, 2.0, 0.5)
+
+
 def _least_squares(
     fn: Callable[[Sequence[float]], list[float]], x0: Sequence[float]
 ) -> list[float]:
-    """Minimise the sum of squared residuals with scipy's Powell method (imported here, where
-    it is used). Derivative-free on purpose: the residuals come from a sample path, so they
-    are piecewise smooth, and finite differences can see a flat spot where there is none."""
+    """Minimise the sum of squared residuals with scipy's Nelder-Mead (imported here, where
+    it is used), restarted once from where it stopped with a fresh simplex (a collapsed
+    simplex stops short of the valley). Derivative-free on purpose: the residuals come from a
+    sample path, so they are piecewise smooth, and finite differences can see a flat spot
+    where there is none. Not Powell: a window whose decode steps sit near a histogram bound
+    has a valley 2 % wide in bandwidth, which Powell's line searches stepped over
+    (docs/decisions.md, "The step-time fit by Nelder-Mead")."""
+    import numpy as np
     from scipy.optimize import minimize
 
-    res = minimize(
-        lambda x: float(sum(v * v for v in fn(x))),
-        list(x0),
-        method="Powell",
-        bounds=list(zip(_LO, _HI, strict=True)),
-        options={"maxfev": 160, "xtol": 1e-3, "ftol": 1e-5},
-    )
-    return [float(v) for v in res.x]
+    x = np.asarray(x0, dtype=float)
+    for _ in range(2):
+        res = minimize(
+            lambda v: float(sum(r * r for r in fn(v))),
+            x,
+            method="Nelder-Mead",
+            bounds=list(zip(_LO, _HI, strict=True)),
+            options={
+                "maxfev": 150,
+                "xatol": 1e-3,
+                "fatol": 1e-6,
+                "initial_simplex": np.vstack([x, x + np.diag(_SIMPLEX_STEP)]),
+            },
+        )
+        x = res.x
+    return [float(v) for v in x]
 
 
 # Predicted and measured SLO percentiles agree within this (|log| of their ratio).

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from tests.unit.core.test_decide import CTX, KNOBS, SLO_DEFAULT, make_snapshot, violating_snapshot
 from vllm_autotuner.core import perf_model
-from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Workload, _params
+from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, FitProblem, Workload, _params
 from vllm_autotuner.core.snapshot import Snapshot
+from vllm_autotuner.core.steady_state import Knobs3, steady_state
 from vllm_autotuner.core.tuning_types import Knobs
 
 OTHER = Knobs(1408, 256, 0.92)
@@ -164,3 +165,82 @@ def test_a_remembered_prediction_is_the_prediction() -> None:
     slower = replace(cal, compute=cal.compute * 0.5)
     assert model.predict(OTHER, w, slower) == model._predict(OTHER, w, slower, True)
     assert model.predict(OTHER, w, slower) != fresh
+
+
+# vLLM's inter-token latency histogram bounds (s) up to 100 ms.
+_ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1)
+
+
+def _window_of(engine: Calibration, knobs: Knobs, rate: float, running: float) -> FitProblem:
+    """The fit problem of a window the model itself produced with `engine`'s parameters: its
+    mean ITL, mean step and the histogram's fractions at vLLM's bounds."""
+    shape = perf_model.shape_of(CTX)
+    w = Workload.from_snapshot(make_snapshot(knobs, rate=rate), SLO_DEFAULT, 1.0)
+    traffic = perf_model._traffic(w, rate)
+    k3 = Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, 200_000.0)
+    st = steady_state(
+        traffic, k3, perf_model._curve(shape, engine), perf_model._costs(engine), running=running
+    )
+    assert st.stable
+    fracs = tuple((b, st.itl_below(b)) for b in _ITL_BOUNDS)
+    shown = [(b, f) for b, f in fracs if f > 0.01]
+    cut = next((i for i, (_, f) in enumerate(shown) if f >= 0.995), len(shown) - 1)
+    return perf_model.FitProblem(
+        shape,
+        traffic,
+        k3,
+        running,
+        math.log(st.itl_mean_s),
+        math.log(st.step_mean_s),
+        tuple(shown[: cut + 1]),
+    )
+
+
+def _objective(problem: FitProblem, x: tuple[float, ...] | list[float]) -> float:
+    c = perf_model._with_params(Calibration(), x)
+    st = steady_state(
+        problem.traffic,
+        problem.knobs,
+        perf_model._curve(problem.shape, c),
+        perf_model._costs(c),
+        running=problem.running,
+    )
+    if not st.stable:
+        return math.inf
+    r = [
+        math.log(st.itl_mean_s) - problem.target,
+        math.log(st.step_mean_s) - (problem.step_target or 0.0),
+    ]
+    r += perf_model._shape_residuals(st.itl_below, problem.itl_shape)
+    r += perf_model._prior_terms(x, problem.centre)
+    return sum(v * v for v in r)
+
+
+@settings(max_examples=5, deadline=None, derandomize=True)
+@given(
+    bandwidth=st.floats(0.75, 1.05),
+    compute=st.floats(0.6, 1.1),
+    admit_ms=st.floats(0.0, 2.5),
+    budget=st.sampled_from([384, 512, 640, 1024, 2048]),
+    load=st.sampled_from([(5.0, 10.0), (9.0, 22.0), (18.0, 45.0)]),
+)
+def test_the_fit_finds_a_minimum_at_least_as_deep_as_the_engine_that_made_the_window(
+    bandwidth: float, compute: float, admit_ms: float, budget: int, load: tuple[float, float]
+) -> None:
+    """A window the model itself produced has a fit at least as good as its own parameters:
+    the optimiser reaches the valley. Found on tight-itl-8b-h100: decode steps near the 10 ms
+    bound make a valley 2 % wide in bandwidth; Powell stepped over it and stopped at an
+    objective 70 times the minimum's, with compute 0.64 instead of 0.85 (capacity 12 req/s
+    against 30). The objective counts the prior, so the engine's own point is not zero; the
+    sample path's residuals are rough, and two engines can explain one window about equally
+    well, so the fit may stop anywhere within 2e-3 of it. Measured on 30 such windows:
+    Powell missed by more than 1e-3 on 13, worst 0.066; Nelder-Mead restarted once on none."""
+    engine = replace(
+        Calibration(), bandwidth=bandwidth, compute=compute, admit_s=admit_ms / 1000.0, jitter=0.05
+    )
+    rate, running = load
+    problem = _window_of(engine, Knobs(budget, 256, 0.92), rate, running)
+    x, _ = perf_model._fit_step_times.__wrapped__(problem)
+    truth = _objective(problem, _params(engine))
+    # 2e-3 of squared residuals: every residual within about 4 % of the window's.
+    assert _objective(problem, x) <= truth + 2e-3, (x, _params(engine))

@@ -431,7 +431,8 @@ def test_a_rollout_that_only_gains_capacity_gives_up_when_headroom_never_comes()
         peak_rate=30.0,
         peak_rate_at=NOW - timedelta(hours=1),
     )
-    snap = make_snapshot(BASE, rate=2 * 14.0, num_pods=2)
+    # A mean ITL well inside the target: the model sees room for a gain at the peak.
+    snap = make_snapshot(BASE, rate=2 * 14.0, num_pods=2, itl_mean=15.0)
     obs = Observation(snap, ready_pods(BASE, 2))
     d = decide(state, obs, hpolicy(600.0), hctx(2, 0), NOW, SharedModel())
     assert (d.action, reasons(d)) == ("hold", ["RolloutAbandoned"]), d.reason
