@@ -766,40 +766,39 @@ def _coarse_start(fn: Callable[[Sequence[float]], list[float]], x0: Sequence[flo
     return [float(best[0]), float(best[1]), *x0[2:]]
 
 
-# The Nelder-Mead simplex's first steps from its start, in `_params` units: 30 % in each
-# efficiency, 2 ms of admission cost, 50 % in jitter.
-_SIMPLEX_STEP = (0.3, 0.3, 2.0, 0.5)
+# The Nelder-Mead simplex's first steps from its start, in `_params` units: 10 % in each
+# efficiency, 1 ms of admission cost, 30 % in jitter. Small on purpose: bench/tuning with 30 %
+# steps and a restart found deeper minima of the same residuals, and predicted worse (model
+# error at decisions median 13 % against 8 %; docs/decisions.md).
+_SIMPLEX_STEP = (0.1, 0.1, 1.0, 0.3)
 
 
 def _least_squares(
     fn: Callable[[Sequence[float]], list[float]], x0: Sequence[float]
 ) -> list[float]:
     """Minimise the sum of squared residuals with scipy's Nelder-Mead (imported here, where
-    it is used), restarted once from where it stopped with a fresh simplex (a collapsed
-    simplex stops short of the valley). Derivative-free on purpose: the residuals come from a
-    sample path, so they are piecewise smooth, and finite differences can see a flat spot
-    where there is none. Not Powell: a window whose decode steps sit near a histogram bound
-    has a valley 2 % wide in bandwidth, which Powell's line searches stepped over
-    (docs/decisions.md, "The step-time fit by Nelder-Mead")."""
+    it is used). Derivative-free on purpose: the residuals come from a sample path, so they
+    are piecewise smooth, and finite differences can see a flat spot where there is none.
+    Not Powell: a window whose decode steps sit near a histogram bound has a valley 2 % wide
+    in bandwidth, which Powell's line searches stepped over (docs/decisions.md, "The
+    step-time fit by Nelder-Mead")."""
     import numpy as np
     from scipy.optimize import minimize
 
     x = np.asarray(x0, dtype=float)
-    for _ in range(2):
-        res = minimize(
-            lambda v: float(sum(r * r for r in fn(v))),
-            x,
-            method="Nelder-Mead",
-            bounds=list(zip(_LO, _HI, strict=True)),
-            options={
-                "maxfev": 150,
-                "xatol": 1e-3,
-                "fatol": 1e-6,
-                "initial_simplex": np.vstack([x, x + np.diag(_SIMPLEX_STEP)]),
-            },
-        )
-        x = res.x
-    return [float(v) for v in x]
+    res = minimize(
+        lambda v: float(sum(r * r for r in fn(v))),
+        x,
+        method="Nelder-Mead",
+        bounds=list(zip(_LO, _HI, strict=True)),
+        options={
+            "maxfev": 150,
+            "xatol": 1e-3,
+            "fatol": 1e-6,
+            "initial_simplex": np.vstack([x, x + np.diag(_SIMPLEX_STEP)]),
+        },
+    )
+    return [float(v) for v in res.x]
 
 
 # Predicted and measured SLO percentiles agree within this (|log| of their ratio).
