@@ -370,6 +370,10 @@ def _conclude_trial(
         measured_state = state if analysis is None else replace(state, analysis=analysis)
         if trial is not None:
             measured_state = measured_state.with_trial(replace(trial, measured=measured))
+        if _served_its_window(state, now):
+            measured_state = replace(
+                measured_state, stable_gpu_memory_utilization=_proven_gmu(state, cand)
+            )
         return _rollback(state, now, "RolledBack", "Regression", verdict.reason, measured_state)
     s = state
     if trial is not None:
@@ -387,13 +391,27 @@ def _conclude_trial(
         strategy="Rolling",
         rollout_started_at=None,
         verify_until=None,
-        stable_gpu_memory_utilization=max(state.stable_gmu(), cand.gpu_memory_utilization),
+        stable_gpu_memory_utilization=_proven_gmu(state, cand),
         baseline=measured,
         calibration=state.calibration if cal is None else cal.to_dict(),
         analysis=analysis,
     )
     text = f"committed {cand.describe()}: {verdict.reason}"
     return _done(s, now, "commit", text, events=(Event("Normal", "TuningCommitted", text),))
+
+
+def _served_its_window(state: TuningState, now: datetime) -> bool:
+    """The candidate ran its whole verify window (a verdict at its end, not an early one)."""
+    return state.verify_until is not None and now >= state.verify_until
+
+
+def _proven_gmu(state: TuningState, cand: Knobs) -> float:
+    """The memory proven stable once `cand` served a whole verify window without a crash or
+    an OOM kill: what a commit proves, and what a candidate rejected at the end of its window
+    for too small a gain proves as well (it ran as long, on the same traffic). Counting only
+    commits kept kv-bound-8b-a100-40gb at 0.94 after three trials there, two of which had run
+    0.94 for their whole windows, where the oracle's 0.97 serves 4 % more."""
+    return max(state.stable_gmu(), cand.gpu_memory_utilization)
 
 
 # ------------------------------------------------------------------------------------ canary

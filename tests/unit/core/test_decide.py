@@ -429,3 +429,22 @@ def test_a_rolled_back_trial_keeps_what_its_window_measured() -> None:
     assert d.action == "rollback", d.reason
     measured = d.new_state.trials[-1].measured
     assert measured is not None and measured.request_rate > 0
+
+
+def test_a_candidate_rejected_after_its_whole_window_proves_its_memory() -> None:
+    """A candidate that served its whole verify window without a crash proves its memory as a
+    commit does, even when it is rolled back for doing worse."""
+    cand = Knobs(8192, 1024, 0.94)
+    state = replace(
+        rolling_state(cand),
+        phase="Verifying",
+        verify_until=NOW,
+        stable_gpu_memory_utilization=0.92,
+        baseline=Measured(4.0, 300.0, 30.0, None, 0.99, 50.0),
+    )
+    worse = make_snapshot(cand, itl_p95=200.0, itl_mean=60.0)
+    d = run(state, worse, now=NOW + timedelta(seconds=1), pods=ready_pods(cand))
+    assert d.action == "rollback", d.reason
+    assert d.new_state.trials[-1].outcome == "RolledBack"
+    assert d.new_state.stable_gpu_memory_utilization == pytest.approx(0.94)
+    assert d.new_state.applied == state.last_good
