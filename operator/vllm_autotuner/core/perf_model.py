@@ -687,11 +687,11 @@ def _prior_terms(x: Sequence[float], centre: Sequence[float] | None = None) -> l
 
 # Step-time fits, shared by every deployment's model: the fit is a pure function of its
 # inputs, so a window that poses exactly the problem of one already fitted (no new samples
-# since the last reconcile, or a deployment's twin) reuses that fit instead of running the optimiser
-# again (~120 steady-state evaluations, ~30 ms: most of an idle reconcile's CPU,
-# docs/scale.md). Not rounded: a 0.1 % change of one input can move the optimiser to another basin
-# of the rough residuals (docs/decisions.md), so rounding would change fits, not only reuse
-# them. About 0.3 KiB an entry.
+# since the last reconcile, or a deployment's twin) reuses that fit instead of running the
+# optimiser again (~300 steady-state evaluations: most of an idle reconcile's CPU,
+# docs/scale.md). Not rounded: a 0.1 % change of one input can move the optimiser to another
+# basin of the rough residuals (docs/decisions.md), so rounding would change fits, not only
+# reuse them. About 0.3 KiB an entry.
 FIT_CACHE = 4096
 
 
