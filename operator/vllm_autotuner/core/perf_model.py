@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -711,36 +711,41 @@ class FitProblem:
     centre: tuple[float, ...] | None = None  # the prior's centre (`_params` units)
 
 
+def _evaluate(problem: FitProblem, x: Sequence[float]) -> SteadyState:
+    """The steady state at the window's traffic, knobs and batch under parameters `x`."""
+    c = _with_params(Calibration(), x)
+    return steady_state(
+        problem.traffic, problem.knobs, _curve(problem.shape, c), _costs(c),
+        running=problem.running,
+    )  # fmt: skip
+
+
+def _residuals(problem: FitProblem, x: Sequence[float]) -> list[float]:
+    """What the fit minimises (squared and summed): how far parameters `x` put the mean ITL,
+    the mean step and the ITL histogram from the window's, and from the prior."""
+    st = _evaluate(problem, x)
+    prior_terms = _prior_terms(x, problem.centre)
+    n = 1 + 2 * len(problem.itl_shape) + (problem.step_target is not None)
+    if not st.stable:
+        return [5.0] * n + prior_terms
+    fit = [math.log(max(st.itl_mean_s, 1e-9)) - problem.target]
+    if problem.step_target is not None:
+        fit.append(math.log(max(st.step_mean_s, 1e-9)) - problem.step_target)
+    fit += _shape_residuals(st.itl_below, problem.itl_shape)
+    return fit + prior_terms
+
+
 @lru_cache(maxsize=FIT_CACHE)
 def _fit_step_times(problem: FitProblem) -> tuple[tuple[float, ...], float | None]:
     """The fitted parameters (see _params) and the fit's |log| error on the mean ITL (None
     when the fit leaves the engine unstable at the window's load)."""
-    base = Calibration()
-
-    def evaluate(x: Sequence[float]) -> SteadyState:
-        c = _with_params(base, x)
-        return steady_state(
-            problem.traffic, problem.knobs, _curve(problem.shape, c), _costs(c),
-            running=problem.running,
-        )  # fmt: skip
-
-    def residuals(x: Sequence[float]) -> list[float]:
-        st = evaluate(x)
-        prior_terms = _prior_terms(x, problem.centre)
-        n = 1 + 2 * len(problem.itl_shape) + (problem.step_target is not None)
-        if not st.stable:
-            return [5.0] * n + prior_terms
-        fit = [math.log(max(st.itl_mean_s, 1e-9)) - problem.target]
-        if problem.step_target is not None:
-            fit.append(math.log(max(st.step_mean_s, 1e-9)) - problem.step_target)
-        fit += _shape_residuals(st.itl_below, problem.itl_shape)
-        return fit + prior_terms
-
-    x = tuple(_least_squares(residuals, _params(base)))
-    y = tuple(_least_squares(residuals, _coarse_start(residuals, _params(base))))
+    residuals = partial(_residuals, problem)
+    start = _params(Calibration())
+    x = tuple(_least_squares(residuals, start))
+    y = tuple(_least_squares(residuals, _coarse_start(residuals, start)))
     if _sq(residuals(y)) < _sq(residuals(x)):
         x = y
-    st = evaluate(x)
+    st = _evaluate(problem, x)
     error = abs(math.log(max(st.itl_mean_s, 1e-9)) - problem.target) if st.stable else None
     return x, error
 

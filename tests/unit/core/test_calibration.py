@@ -197,23 +197,8 @@ def _window_of(engine: Calibration, knobs: Knobs, rate: float, running: float) -
 
 
 def _objective(problem: FitProblem, x: tuple[float, ...] | list[float]) -> float:
-    c = perf_model._with_params(Calibration(), x)
-    st = steady_state(
-        problem.traffic,
-        problem.knobs,
-        perf_model._curve(problem.shape, c),
-        perf_model._costs(c),
-        running=problem.running,
-    )
-    if not st.stable:
-        return math.inf
-    r = [
-        math.log(st.itl_mean_s) - problem.target,
-        math.log(st.step_mean_s) - (problem.step_target or 0.0),
-    ]
-    r += perf_model._shape_residuals(st.itl_below, problem.itl_shape)
-    r += perf_model._prior_terms(x, problem.centre)
-    return sum(v * v for v in r)
+    """The fit's own objective (perf_model._residuals, squared and summed)."""
+    return perf_model._sq(perf_model._residuals(problem, x))
 
 
 @settings(max_examples=5, deadline=None, derandomize=True)
