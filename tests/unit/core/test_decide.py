@@ -308,14 +308,20 @@ def test_rollout_state_machine(
         assert d.knobs_to_apply is None
 
 
-def test_commit_raises_the_stable_gpu_memory_utilization() -> None:
-    cand = Knobs(8192, 1024, 0.94)
-    state = replace(
+def _window_served(cand: Knobs, **kw: Any) -> TuningState:
+    """A rolling trial of `cand` whose verify window ends now, with 0.92 proven stable."""
+    return replace(
         rolling_state(cand),
         phase="Verifying",
         verify_until=NOW,
         stable_gpu_memory_utilization=0.92,
+        **kw,
     )
+
+
+def test_commit_raises_the_stable_gpu_memory_utilization() -> None:
+    cand = Knobs(8192, 1024, 0.94)
+    state = _window_served(cand)
     d = run(state, make_snapshot(cand), now=NOW + timedelta(seconds=1), pods=ready_pods(cand))
     assert d.action == "commit", d.reason
     assert d.new_state.stable_gpu_memory_utilization == pytest.approx(0.94)
@@ -435,13 +441,7 @@ def test_a_candidate_rejected_after_its_whole_window_proves_its_memory() -> None
     """A candidate that served its whole verify window without a crash proves its memory as a
     commit does, even when it is rolled back for doing worse."""
     cand = Knobs(8192, 1024, 0.94)
-    state = replace(
-        rolling_state(cand),
-        phase="Verifying",
-        verify_until=NOW,
-        stable_gpu_memory_utilization=0.92,
-        baseline=Measured(4.0, 300.0, 30.0, None, 0.99, 50.0),
-    )
+    state = _window_served(cand, baseline=Measured(4.0, 300.0, 30.0, None, 0.99, 50.0))
     worse = make_snapshot(cand, itl_p95=200.0, itl_mean=60.0)
     d = run(state, worse, now=NOW + timedelta(seconds=1), pods=ready_pods(cand))
     assert d.action == "rollback", d.reason
