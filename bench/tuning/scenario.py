@@ -86,6 +86,10 @@ from vllm_sim import steptime
 from vllm_sim.types import Reality
 from vllm_sim.workload import WorkloadSpec
 
+# How bench/tuning/truth.py measures a capacity; part of the truth cache's key, so that a
+# change of method never reuses capacities measured the old way.
+TRUTH_MEASURE = "time-sized runs: warm-up, measured window, cool-down (2026-12-06)"
+
 _KNOWN = {
     "name", "description", "model", "gpu", "tensor_parallel_size", "max_model_len", "replicas",
     "load_time_s", "horizon_s", "seed", "workload", "slo", "bounds", "policy", "reality", "truth",
@@ -220,7 +224,10 @@ class Scenario:
         # The simulator's physics is part of the truth: a refit of its step-time constants
         # must not reuse an oracle computed with the old ones.
         physics = dataclasses.asdict(steptime.CALIBRATION)
-        text = json.dumps({"shape": shape, **fields, "physics": physics}, sort_keys=True)
+        text = json.dumps(
+            {"shape": shape, **fields, "physics": physics, "measure": TRUTH_MEASURE},
+            sort_keys=True,
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def deployment_workload(self, horizon_s: float | None = None) -> WorkloadSpec:

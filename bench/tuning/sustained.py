@@ -1,14 +1,17 @@
 """`python -m bench.tuning.sustained RESULTS.json [--requests 4000]`: is the ground truth's
 capacity one the engine sustains?
 
-The ground truth (bench/tuning/truth.py) judges a rate on one run of the scenario's
-`truth.requests` (800 in the public scenarios). A configuration whose latencies stay under the
-SLO while its running set grows towards max_num_seqs passes such a short run at a rate it
-cannot hold: the queue has not built yet. This re-measures the final knobs of the oracle, the
-defaults and ours of a finished bench.tuning run with the same rate search on longer runs, and
-prints both capacities and ours ÷ oracle under each. With `--decisions` it also measures the
-sustained capacity of every knob setting the operator predicted at a decision (results.json's
-`ours_trace.predictions`) and prints the model's |error| against both. It never changes
+The ground truth (bench/tuning/truth.py) judges a rate on one run sized by time: a warm-up of
+two expected request latencies, a measured window of three (at least `truth.requests` judged)
+and a cool-down. A configuration whose latencies stay under the SLO while its running set
+grows towards max_num_seqs can still pass such a run at a rate it cannot hold: the queue has
+not built yet. This re-measures the final knobs of the oracle, the defaults and ours of a
+finished bench.tuning run with the same rate search on fixed runs of `--requests` (the first
+10 % warm-up), and prints both capacities and ours ÷ oracle under each. (Until 2026-12-06 the
+truth itself was a fixed run of 800 requests; this tool measured it 22 % optimistic.)
+With `--decisions` it also measures the sustained capacity of every knob setting the
+operator predicted at a decision (results.json's `ours_trace.predictions`) and prints the
+model's |error| against both. It never changes
 results.json.
 """
 

@@ -1,10 +1,18 @@
 """Ground truth: what a configuration really achieves on the scenario's hidden reality.
 
 "Capacity under the SLO" of knobs is the highest constant Poisson arrival rate per replica at
-which one engine with the hidden `Reality` meets every SLO percentile over a seeded run of
-`truth_requests` requests (requests of the first 10 % of the run are warm-up and not judged).
-It is found by doubling then bisecting the rate to 1 %. A configuration that fails to start
-or that the reality's run-time OOM hazard would kill has capacity 0: it cannot serve.
+which one engine with the hidden `Reality` meets every SLO percentile in steady state: over a
+seeded run sized by time (`truth_plan`: a warm-up of two expected request latencies, a
+measured window of three and at least `truth_requests` judged requests, a cool-down while
+arrivals continue). It is found by doubling then bisecting the rate to 1 %. A configuration
+that fails to start or that the reality's run-time OOM hazard would kill has capacity 0: it
+cannot serve.
+
+Until 2026-12-06 a rate was judged on a fixed run of `truth_requests` requests with the first
+10 % as warm-up. At 37 req/s such a run lasts 21 s against a 10 s request, so the batch never
+filled and the last requests finished in an emptying engine: capacities near saturation came
+out up to 22 % above what 4,000-request runs sustain, and by different amounts per knob
+setting, so the oracle's ranking was off too (docs/decisions.md).
 
 Evaluations are cached on disk under bench/.cache/, keyed by the scenario file's content hash
 and the knobs, because the oracle grid and the report ask for the same points again and again.
@@ -16,6 +24,7 @@ long outputs reach steady state); a run-time crash during it is a failed trial.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -115,7 +124,8 @@ def judge(
 
 def run_at(s: Scenario, k: Knobs, rate: float, requests: int, seed: int) -> Verdict:
     """One seeded run of `requests` at a constant Poisson `rate` on one engine; the first
-    10 % of the arrivals are warm-up (the ground truth's measurement)."""
+    10 % of the arrivals are warm-up (the ground truth's measurement until 2026-12-06, kept
+    for `bench.tuning.sustained`'s fixed-length runs)."""
     reqs = sorted(s.shape(rate, requests, seed).generate(), key=lambda r: r.arrival_time)
     if not reqs:
         return Verdict(False, math.inf)
@@ -287,9 +297,7 @@ class Truth:
         if oom_hazard(self.s, k) or not starts(self.s, k):
             cap = 0.0
         else:
-            cap, _, crashed = search_capacity(
-                self.s, k, self.s.truth_requests, self.s.truth_seed, self.start_rate(), PRECISION
-            )
+            cap, _, crashed = self._search(k, self.start_rate(), PRECISION)
             cap = 0.0 if crashed else cap
         self.values[key] = cap
         return cap
@@ -307,13 +315,19 @@ class Truth:
                     int(min(max(128, b.mns.min), b.mns.max)),
                     b.gmu.min,
                 )
-                cap, _, _ = search_capacity(
-                    self.s, probe, self.s.truth_requests, self.s.truth_seed, 1.0, 1.1
-                )
+                cap, _, _ = self._search(probe, 1.0, 1.1)
                 stored = max(0.25, cap)
                 self.values["start-rate"] = stored
             self._guess = stored
         return self._guess
+
+    def _search(self, k: Knobs, guess: float, precision: float) -> tuple[float, int, bool]:
+        """(capacity, runs, crashed): the rate search on the ground truth's runs."""
+        plan = truth_plan(self.s)
+        cap, runs, crashed, _ = bisect_rate(
+            lambda rate: run_for(self.s, k, rate, self.s.truth_seed, plan), guess, precision
+        )
+        return cap, runs, crashed
 
     def benchmark(self, k: Knobs, seed: int, guess: float) -> Benchmark:
         """`benchmark_capacity`, remembered: it is deterministic given its seeds."""
@@ -393,6 +407,11 @@ def bench_plan(s: Scenario) -> BenchPlan:
         cooldown_s=e2e,
         min_requests=BENCH_MIN_REQUESTS,
     )
+
+
+def truth_plan(s: Scenario) -> BenchPlan:
+    """The ground truth's runs: a benchmark's plan with at least `truth_requests` judged."""
+    return dataclasses.replace(bench_plan(s), min_requests=s.truth_requests)
 
 
 def run_for(s: Scenario, k: Knobs, rate: float, seed: int, plan: BenchPlan) -> Verdict:
