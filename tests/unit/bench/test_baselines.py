@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 from bench.tuning import methods, truth
-from bench.tuning.scenario import Scenario, parse
+from bench.tuning.scenario import Scenario, load, parse
 
 from vllm_autotuner.core.tuning_types import Knobs
 
@@ -100,3 +100,17 @@ def test_a_time_sized_run_judges_only_the_steady_window() -> None:
         if r.arrival_time >= plan.warmup_s and r.arrival_time < plan.warmup_s + plan.measure_s
     ]
     assert len(judged) >= plan.min_requests
+
+
+def test_the_ground_truth_judges_a_rate_in_steady_state() -> None:
+    """bursty-8b-h100's 1024/512/0.96 at 34 req/s: a fixed run of the scenario's 800 requests
+    (the old truth: 21 s against ~10 s requests, the batch never full) meets the SLO; in steady
+    state it does not (4,000-request runs sustain about 31), and the truth says so."""
+    s = load("bench/scenarios/bursty-8b-h100.yaml")
+    k = Knobs(1024, 512, 0.96)
+    assert truth.run_at(s, k, 34.0, s.truth_requests, s.truth_seed).meets
+    plan = truth.truth_plan(s)
+    assert plan.min_requests == s.truth_requests
+    assert not truth.run_for(s, k, 34.0, s.truth_seed, plan).meets
+    capacity = truth.Truth(s, cache_dir=None).capacity(k)
+    assert 0 < capacity < 34.0
