@@ -84,6 +84,14 @@ class Trial(StatusModel):
     outcome: TrialOutcome = "Pending"
     reason: str | None = Field(default=None, max_length=4096)
     measured: Measurement | None = None
+    baseline: Measurement | None = Field(
+        default=None,
+        description="A canary trial's baseline pods over the same window: what the verdict "
+        "compared the canary with.",
+    )
+    baseline_knobs: Knobs | None = Field(
+        default=None, alias="baselineKnobs", description="The knobs the baseline pods ran."
+    )
 
 
 class InfeasibleConfig(StatusModel):

@@ -366,6 +366,10 @@ def _conclude_trial(
     analysis: CanaryAnalysis | None = None,
 ) -> Decision:
     trial = state.current_trial()
+    if trial is not None and analysis is not None:
+        # The canary's verdict compared it with the baseline pods over the same window: keep
+        # that pair, the evidence later predictions answer to (core/evidence.py).
+        trial = replace(trial, baseline=analysis.baseline, baseline_knobs=state.last_good)
     if not verdict.keep:
         measured_state = state if analysis is None else replace(state, analysis=analysis)
         if trial is not None:

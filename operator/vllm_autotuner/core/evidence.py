@@ -12,6 +12,14 @@ The search therefore corrects a candidate's predicted capacity by the log residu
 log token budget, log sequences and memory, and shrunk towards no correction. The knobs that
 run now are an observation too, with no residual: the current window is their measurement, so
 the correction fades towards them.
+
+A canary measured its knobs against the baseline pods over the same window, and that pair is
+what the residual compares: the measured ratio of the two over the ratio the model predicts
+now. An absolute residual mixes in how far today's window puts the baseline from that
+window's: on bench/tuning's code-70b-h200-tp4, canaries measured -4.3 % and +2.2 % against
+their baselines, but their absolute capacities sat 10-15 % above what each later window
+predicted for the baseline knobs, so the corrections *raised* the next candidates (a "+9.4 %"
+that measured -14.5 %), and five canaries in a row lost.
 """
 
 from __future__ import annotations
@@ -40,10 +48,13 @@ MAX_RESIDUAL = math.log(3.0)
 
 @dataclass(frozen=True)
 class TrialEvidence:
-    """A finished trial's knobs and the capacity per pod measured on its own window."""
+    """A finished trial's knobs and the capacity per pod measured on its own window; for a
+    canary also the baseline's knobs and capacity over the same window."""
 
     knobs: Knobs
     capacity_rps: float
+    baseline_knobs: Knobs | None = None
+    baseline_capacity_rps: float | None = None
 
 
 def evidence_of(state: TuningState) -> tuple[TrialEvidence, ...]:
@@ -56,7 +67,11 @@ def evidence_of(state: TuningState) -> tuple[TrialEvidence, ...]:
         cap = t.measured.capacity_rps
         if cap is None or cap <= 0 or t.knobs.same_as(state.applied):
             continue
-        out.append(TrialEvidence(t.knobs, cap))
+        base = None if t.baseline is None else t.baseline.capacity_rps
+        if t.baseline_knobs is None or base is None or base <= 0:
+            out.append(TrialEvidence(t.knobs, cap))
+        else:
+            out.append(TrialEvidence(t.knobs, cap, t.baseline_knobs, base))
     return tuple(out)
 
 
@@ -75,6 +90,16 @@ def residual(measured: float, predicted: float) -> float | None:
         return None
     r = math.log(measured / predicted)
     return max(-MAX_RESIDUAL, min(MAX_RESIDUAL, r))
+
+
+def paired_residual(
+    measured: float, measured_base: float, predicted: float, predicted_base: float
+) -> float | None:
+    """log of the measured ratio of a canary to its baseline over the ratio predicted now,
+    bounded; None when either side has nothing to compare."""
+    if measured_base <= 0 or predicted_base <= 0:
+        return None
+    return residual(measured / measured_base, predicted / predicted_base)
 
 
 def correction(k: Knobs, applied: Knobs, residuals: Sequence[tuple[Knobs, float]]) -> float:

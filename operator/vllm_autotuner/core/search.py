@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from vllm_autotuner.core.diagnosis import Diagnosis
-from vllm_autotuner.core.evidence import TrialEvidence, correction, residual
+from vllm_autotuner.core.evidence import TrialEvidence, correction, paired_residual, residual
 from vllm_autotuner.core.perf_model import (
     Calibration,
     PerformanceModel,
@@ -376,10 +376,16 @@ def _residuals(
     workload: Workload,
     calibration: Calibration,
 ) -> list[tuple[Knobs, float]]:
-    """(knobs, log of measured over predicted now) for each trial the model predicts."""
+    """(knobs, log of measured over predicted now) for each trial the model predicts; for a
+    canary, of its measured ratio to the baseline over the ratio predicted now."""
     out = []
     for e in evidence:
-        r = residual(e.capacity_rps, model.predict(e.knobs, workload, calibration).capacity_rps)
+        predicted = model.predict(e.knobs, workload, calibration).capacity_rps
+        if e.baseline_knobs is None or e.baseline_capacity_rps is None:
+            r = residual(e.capacity_rps, predicted)
+        else:
+            base = model.predict(e.baseline_knobs, workload, calibration).capacity_rps
+            r = paired_residual(e.capacity_rps, e.baseline_capacity_rps, predicted, base)
         if r is not None:
             out.append((e.knobs, r))
     return out

@@ -326,6 +326,10 @@ class Trial:
     outcome: TrialOutcome = "Pending"
     reason: str = ""
     measured: Measured | None = None
+    # A canary's baseline pods over the same window, and the knobs they ran: the paired
+    # measurement the trial's verdict compared against.
+    baseline: Measured | None = None
+    baseline_knobs: Knobs | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -336,13 +340,15 @@ class Trial:
             "outcome": self.outcome,
             "reason": self.reason,
             "measured": None if self.measured is None else self.measured.to_dict(),
+            "baseline": None if self.baseline is None else self.baseline.to_dict(),
+            "baselineKnobs": None if self.baseline_knobs is None else self.baseline_knobs.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Trial:
         started = _parse(d["startedAt"])
         assert started is not None
-        m = d.get("measured")
+        m, b, bk = d.get("measured"), d.get("baseline"), d.get("baselineKnobs")
         return cls(
             id=int(d["id"]),
             knobs=Knobs.from_dict(d["knobs"]),
@@ -351,6 +357,8 @@ class Trial:
             outcome=cast(TrialOutcome, d.get("outcome", "Pending")),
             reason=str(d.get("reason", "")),
             measured=None if m is None else Measured.from_dict(m),
+            baseline=None if b is None else Measured.from_dict(b),
+            baseline_knobs=None if bk is None else Knobs.from_dict(bk),
         )
 
 

@@ -17,6 +17,7 @@ from vllm_autotuner.core.evidence import (
     TrialEvidence,
     correction,
     evidence_of,
+    paired_residual,
     residual,
 )
 from vllm_autotuner.core.search import SearchResult
@@ -107,3 +108,61 @@ def test_a_trial_that_measured_far_less_moves_the_search_away_from_it() -> None:
     assert told.prediction.capacity_rps < free.prediction.capacity_rps
     reached = correction(told.best, KNOBS, [(free.best, math.log(1.0 / 3.0))])
     assert ("earlier trials measured" in told.reason) == (abs(reached) >= 0.01), told.reason
+
+
+def test_a_canary_trial_is_evidence_with_its_baseline() -> None:
+    applied = Knobs(512, 512, 0.92)
+    base = Measured(request_rate=10.0, capacity_rps=24.0)
+    paired = replace(
+        _trial(2, Knobs(896, 512, 0.92), "RolledBack", 25.2),
+        baseline=base,
+        baseline_knobs=applied,
+    )
+    # A baseline that measured no capacity leaves the absolute measurement.
+    unpaired = replace(
+        _trial(3, Knobs(704, 512, 0.92), "RolledBack", 26.0),
+        baseline=Measured(request_rate=10.0),
+        baseline_knobs=applied,
+    )
+    state = replace(TuningState.initial(applied), trials=(paired, unpaired))
+    assert evidence_of(state) == (
+        TrialEvidence(Knobs(896, 512, 0.92), 25.2, applied, 24.0),
+        TrialEvidence(Knobs(704, 512, 0.92), 26.0),
+    )
+    assert TuningState.from_dict(state.to_dict()).trials == state.trials
+
+
+positive_st = st.floats(0.01, 1000.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=positive_st, mb=positive_st, p=positive_st, pb=positive_st, scale=positive_st)
+def test_a_paired_residual_is_the_canarys_measured_gain_over_the_predicted_one(
+    m: float, mb: float, p: float, pb: float, scale: float
+) -> None:
+    """What the window's level was does not matter, only the canary against its baseline;
+    where the model put the baseline right, it is the plain residual."""
+    r = paired_residual(m, mb, p, pb)
+    assert r is not None
+    assert math.isclose(r, paired_residual(m * scale, mb * scale, p, pb) or 0.0, abs_tol=1e-9)
+    assert math.isclose(paired_residual(m, pb, p, pb) or 0.0, residual(m, p) or 0.0, abs_tol=1e-9)
+    expected = math.log((m / mb) / (p / pb))
+    assert math.isclose(r, max(-MAX_RESIDUAL, min(MAX_RESIDUAL, expected)), abs_tol=1e-9)
+    assert paired_residual(m, 0.0, p, pb) is None and paired_residual(m, mb, p, 0.0) is None
+
+
+def test_a_canary_no_better_than_its_baseline_lowers_its_knobs_even_above_their_prediction() -> (
+    None
+):
+    """code-70b-h200-tp4's case: the canary measured what its baseline did (no gain), both
+    above what today's window predicts. Its knobs' predicted gain must fall, not rise."""
+    free = _search(())
+    assert free.best is not None and free.prediction is not None, free.reason
+    high = free.prediction.capacity_rps * 1.2
+    paired = TrialEvidence(free.best, high, KNOBS, high)
+    told = _search((paired,))
+    assert told.prediction is not None, told.reason
+    assert told.prediction.capacity_rps < free.prediction.capacity_rps
+    absolute = _search((TrialEvidence(free.best, high),))
+    assert absolute.prediction is not None
+    assert absolute.prediction.capacity_rps > free.prediction.capacity_rps

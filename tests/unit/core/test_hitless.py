@@ -625,6 +625,9 @@ def test_a_winning_canary_is_promoted_then_committed_when_every_pod_runs_it() ->
     assert state.applied == state.last_good == CAND
     assert state.analysis is not None and state.analysis.verdict == "Promote"
     assert state.trials[-1].outcome == "Committed"
+    # The trial keeps the pair its verdict compared: later predictions answer to it.
+    assert state.trials[-1].baseline == state.analysis.baseline
+    assert state.trials[-1].baseline_knobs == BASE
 
 
 def test_a_losing_canary_costs_one_pod_and_never_touches_the_baseline() -> None:
@@ -644,6 +647,8 @@ def test_a_losing_canary_costs_one_pod_and_never_touches_the_baseline() -> None:
     assert d.new_state.trials[-1].outcome == "RolledBack"
     assert d.new_state.infeasible[-1].kind == "Regression"
     assert d.new_state.analysis is not None and d.new_state.analysis.verdict == "Reject"
+    assert d.new_state.trials[-1].baseline == d.new_state.analysis.baseline
+    assert d.new_state.trials[-1].baseline_knobs == BASE
 
 
 # ---------------------------------------------------------------- queues after restarts
