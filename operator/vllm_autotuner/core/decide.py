@@ -876,7 +876,7 @@ def _with_model_violations(
     threshold. There the data is decisive and the model is wrong. On bench/tuning's
     code-70b-h200-tp4, 95.4 % of the gaps were under 25 ms against a 45 ms threshold, the
     model put the p95 at 41-45 ms (a 1 % error in a bimodal distribution moves the p95 from
-    the decode steps to the prefill steps), and two canaries went out to fix a violation
+    the decode steps to the prefill steps), and canaries went out to fix a violation
     that was not there."""
     if diag.violates_slo or diag.kind == "idle" or not check.trusted:
         return diag
