@@ -1009,7 +1009,10 @@ def _memo_answers(
     # Exploration steps pass the same check: they keep gpu_memory_utilization and
     # max_num_seqs <= max_num_batched_tokens, inside bounds and maxStep.
     gmu_max = gmu_ceiling(inputs.applied, inputs.stable_gmu, inputs.gmu_rise_step)
-    return allowed(best, inputs.applied, policy.bounds, gmu_max, inputs.infeasible) is None
+    legal = allowed(
+        best, inputs.applied, policy.bounds, gmu_max, inputs.infeasible, inputs.stable_gmu
+    )
+    return legal is None
 
 
 @shared_evaluations()  # one memory for the searches and fallbacks of one decision

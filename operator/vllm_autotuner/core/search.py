@@ -189,6 +189,7 @@ def allowed(
     bounds: Bounds,
     gmu_max: float,
     infeasible: Sequence[InfeasibleConfig],
+    proven_gmu: float | None = None,
 ) -> str | None:
     """Why `k` violates a hard constraint (None when it is a legal proposal)."""
     if not bounds.contains(k):
@@ -200,9 +201,28 @@ def allowed(
         and k.gpu_memory_utilization > applied.gpu_memory_utilization + GMU_EPSILON
     ):
         return "gpu_memory_utilization above the proven-stable value plus its step"
+    if _untried_memory_with_more_tokens(k, applied, proven_gmu):
+        return "gpu_memory_utilization above the proven-stable value with a larger token budget"
     if k.max_num_batched_tokens < k.max_num_seqs:
         return "maxNumBatchedTokens below maxNumSeqs"
     return is_forbidden(k, infeasible)
+
+
+def _untried_memory_with_more_tokens(k: Knobs, applied: Knobs, proven_gmu: float | None) -> bool:
+    """A rollout that takes gpu_memory_utilization past what is proven stable must not also
+    raise the token budget: vLLM sizes the KV cache after profiling activations at the
+    budget, so both add to the memory a pod needs at run time, and an OOM from a rollout that
+    raised both cannot say which to undo. One memory experiment at a time. On bench/tuning's
+    kv-bound-8b-a100-40gb, 0.94 proven at 320 tokens let 2048/0.92 go to 2368/0.96, which the
+    reality's OOM hazard (above 0.95 with 2,048 tokens or more) killed; the moves that won
+    there (to 384/0.97 and 256/0.96) lower the budget."""
+    if proven_gmu is None:
+        return False
+    above = max(proven_gmu, applied.gpu_memory_utilization) + GMU_EPSILON
+    return (
+        k.gpu_memory_utilization > above
+        and k.max_num_batched_tokens > applied.max_num_batched_tokens
+    )
 
 
 @shared_evaluations()  # candidates re-walk each other's rates: same numbers, less work
@@ -259,7 +279,7 @@ def search(
     def score(k: Knobs) -> float:
         key = (k.max_num_batched_tokens, k.max_num_seqs, k.gpu_memory_utilization)
         if key not in cache:
-            if allowed(k, applied, bounds, gmu_max, infeasible) is not None:
+            if allowed(k, applied, bounds, gmu_max, infeasible, stable_gmu) is not None:
                 cache[key] = (math.inf, None)
             else:
                 p = corrected(k, stage_model.predict(k, workload, stage_cal, capacity=False))

@@ -228,6 +228,10 @@ def assert_safe(
     assert is_forbidden(k, state.infeasible) is None
     ceiling = max(state.applied.gpu_memory_utilization, state.stable_gmu() + policy.gmu_rise_step)
     assert k.gpu_memory_utilization <= ceiling + 1e-9
+    # One memory experiment at a time: past the proven utilisation, never more tokens too.
+    proven = max(state.applied.gpu_memory_utilization, state.stable_gmu())
+    if k.gpu_memory_utilization > proven + 1e-9:
+        assert k.max_num_batched_tokens <= state.applied.max_num_batched_tokens
     assert k.max_num_batched_tokens >= k.max_num_seqs
     # Budget, cooldown, windows.
     rolled = roll_day(state, now)

@@ -10,7 +10,7 @@ from tests.unit.core.test_decide import BOUNDS, CTX, KNOBS, SLO_DEFAULT, make_sn
 from vllm_autotuner.core.diagnosis import diagnose
 from vllm_autotuner.core.evidence import TrialEvidence
 from vllm_autotuner.core.perf_model import AnalyticModel, Workload
-from vllm_autotuner.core.search import SearchResult, is_forbidden, search
+from vllm_autotuner.core.search import SearchResult, allowed, is_forbidden, search
 from vllm_autotuner.core.snapshot import Snapshot
 from vllm_autotuner.core.tuning_types import Bounds, InfeasibleConfig, KnobBounds, Knobs
 
@@ -130,3 +130,28 @@ def test_small_gains_are_not_worth_a_rollout() -> None:
     r = run_search(make_snapshot(), min_gain_pct=1e9)
     assert not r.worth_rollout
     assert "worth a rollout" in r.reason or "best" in r.reason
+
+
+MEMORY_BOUNDS = Bounds(
+    KnobBounds(256, 16384, 8192), KnobBounds(16, 1024, 512), KnobBounds(0.8, 0.97, 0.05)
+)
+
+
+def test_memory_past_the_proven_value_never_comes_with_more_tokens() -> None:
+    """kv-bound-8b-a100-40gb's crash: 0.94 proven at a small budget, applied 2048/0.92. A
+    candidate above 0.94 may lower the token budget, never raise it."""
+    applied = Knobs(2048, 256, 0.92)
+    for k, why in (
+        (Knobs(2368, 256, 0.96), "larger token budget"),
+        (Knobs(2048, 256, 0.96), None),
+        (Knobs(256, 256, 0.96), None),
+        (Knobs(2368, 256, 0.94), None),  # proven memory, more tokens: allowed
+    ):
+        got = allowed(k, applied, MEMORY_BOUNDS, 0.96, (), proven_gmu=0.94)
+        assert (got is None) == (why is None), (k, got)
+        if why is not None:
+            assert got is not None and why in got
+    snap = make_snapshot(applied, kv_max=0.99, preemption_rate=0.2, ttft_p95=3000.0)
+    r = run_search(snap, applied, bounds=MEMORY_BOUNDS, stable_gmu=0.94)
+    if r.best is not None and r.best.gpu_memory_utilization > 0.94 + 1e-9:
+        assert r.best.max_num_batched_tokens <= applied.max_num_batched_tokens
