@@ -8,7 +8,7 @@ vLLM's), and read back as the Prometheus adapter reads them (histogram_quantile)
 - issue 19's phantom: a 40 ms threshold inside the 25-50 ms bucket, true p99 33 ms,
   interpolated 43 ms, is not a violation;
 - decide() adds a violation the histogram cannot confirm only when a trusted model predicts
-  it at the measured load, and never one the histogram rules out;
+  it at the measured load;
 - a before/after verdict never keeps a candidate whose window confirms a violation unless
   the previous knobs would miss the SLO by more at the same load.
 """
@@ -143,7 +143,7 @@ def test_a_violation_the_buckets_cannot_confirm_counts_only_from_a_trusted_model
     diag: Diagnosis, check: ModelCheck, itl_ms: float, added: bool
 ) -> None:
     policy = make_policy()
-    out = _with_model_violations(diag, check, _prediction(itl_ms), policy, make_snapshot())
+    out = _with_model_violations(diag, check, _prediction(itl_ms), policy)
     assert out.violates_slo == added
     if added:
         assert out.violations == (("itl", itl_ms, 50.0),)
@@ -156,30 +156,8 @@ def test_a_confirmed_violation_is_kept_as_measured() -> None:
     measured = Diagnosis(
         "decode_latency_bound", "ITL p95 80 ms > 50 ms", violations=(("itl", 80.0, 50.0),)
     )
-    out = _with_model_violations(
-        measured, _check(0.01, True), _prediction(10.0), make_policy(), make_snapshot()
-    )
+    out = _with_model_violations(measured, _check(0.01, True), _prediction(10.0), make_policy())
     assert out == measured
-
-
-@given(x=samples, itl_ms=st.floats(50.1, 500.0))
-def test_a_model_violation_the_buckets_rule_out_does_not_count(
-    x: np.ndarray, itl_ms: float
-) -> None:
-    """A trusted model predicting ITL p95 over 50 ms counts only where the window's buckets
-    leave room for it: never when at least 95 % of the gaps are under the bucket bound below
-    the threshold (code-70b-h200-tp4: 95.4 % under 25 ms, the model's p95 41-45 ms against
-    45 ms)."""
-    snap = itl_snapshot(x, 95.0)
-    healthy = Diagnosis("healthy", "SLO met")
-    out = _with_model_violations(
-        healthy, _check(0.01, True), _prediction(itl_ms), make_policy(), snap
-    )
-    lowest = float(np.count_nonzero(x <= max(b for b in BOUNDS_MS if b <= 50.0))) / x.size
-    if lowest >= 0.95:
-        assert out == healthy
-    else:
-        assert out.violations == (("itl", itl_ms, 50.0),)
 
 
 # --------------------------------------------------------------------- before/after verdict
