@@ -189,7 +189,7 @@ def allowed(
     bounds: Bounds,
     gmu_max: float,
     infeasible: Sequence[InfeasibleConfig],
-    proven_gmu: float | None = None,
+    proven_gmu: float,
 ) -> str | None:
     """Why `k` violates a hard constraint (None when it is a legal proposal)."""
     if not bounds.contains(k):
@@ -208,7 +208,7 @@ def allowed(
     return is_forbidden(k, infeasible)
 
 
-def _untried_memory_with_more_tokens(k: Knobs, applied: Knobs, proven_gmu: float | None) -> bool:
+def _untried_memory_with_more_tokens(k: Knobs, applied: Knobs, proven_gmu: float) -> bool:
     """A rollout that takes gpu_memory_utilization past what is proven stable must not also
     raise the token budget: vLLM sizes the KV cache after profiling activations at the
     budget, so both add to the memory a pod needs at run time, and an OOM from a rollout that
@@ -216,8 +216,6 @@ def _untried_memory_with_more_tokens(k: Knobs, applied: Knobs, proven_gmu: float
     kv-bound-8b-a100-40gb, 0.94 proven at 320 tokens let 2048/0.92 go to 2368/0.96, which the
     reality's OOM hazard (above 0.95 with 2,048 tokens or more) killed; the moves that won
     there (to 384/0.97 and 256/0.96) lower the budget."""
-    if proven_gmu is None:
-        return False
     above = max(proven_gmu, applied.gpu_memory_utilization) + GMU_EPSILON
     return (
         k.gpu_memory_utilization > above
