@@ -174,6 +174,8 @@ def _rollback(
         strategy="Rolling",
         rollout_started_at=None,
         verify_until=None,
+        # The proposal just failed its trial: status must not keep recommending it.
+        recommendation=None,
     )
     if state.strategy == "Canary" and state.phase != "Promoting":
         keeps = state.last_good.describe()

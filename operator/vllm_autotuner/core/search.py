@@ -47,6 +47,10 @@ GMU_GRAIN = 0.01
 # refinement around the coarse pass's best.
 COARSE_POINTS = (8, 5, 3)
 FINE_POINTS = (5, 3, 3)
+# Candidates that cannot serve the current load at all (the queue grows without bound) rank
+# after every one that serves it late: this far above any SLO ratio, less the log of their
+# predicted capacity.
+OVERLOADED_SCORE = 1e9
 
 
 @dataclass(frozen=True)
@@ -272,7 +276,18 @@ def search(
             # No candidate may meet the SLO within one step: then the one that comes closest
             # (positive scores always lose to feasible ones).
             return p.slo_ratio * (1.0 + 1e-3 * move)
+        if slo_violated and p.capacity_rps > 0:
+            # Overloaded at this load: the most capacity comes closest to serving it (after
+            # every candidate that would serve it, however late).
+            c = correction(k, applied, residuals) if residuals else 0.0
+            return OVERLOADED_SCORE - math.log(p.capacity_rps) - c + 1e-3 * move
         return math.inf
+
+    def predicted(k: Knobs) -> Prediction:
+        p = stage_model.predict(k, workload, stage_cal, capacity=False)
+        if slo_violated and not p.feasible and not math.isfinite(p.slo_ratio):
+            p = stage_model.predict(k, workload, stage_cal, capacity=True)
+        return corrected(k, p)
 
     def score(k: Knobs) -> float:
         key = (k.max_num_batched_tokens, k.max_num_seqs, k.gpu_memory_utilization)
@@ -280,7 +295,7 @@ def search(
             if allowed(k, applied, bounds, gmu_max, infeasible, stable_gmu) is not None:
                 cache[key] = (math.inf, None)
             else:
-                p = corrected(k, stage_model.predict(k, workload, stage_cal, capacity=False))
+                p = predicted(k)
                 cache[key] = (score_of(k, p), p)
         return cache[key][0]
 
@@ -332,9 +347,12 @@ def search(
         if base > 0
         else (math.inf if best_pred.capacity_rps > 0 else 0.0)
     )
-    numbers = (
+    capacity = (
         f"predicted capacity {best_pred.capacity_rps:.2f} req/s/pod vs {base:.2f} now "
-        f"({_pct(gain)}), TTFT {best_pred.ttft_ms:.0f} ms, ITL {best_pred.itl_ms:.1f} ms"
+        f"({_pct(gain)})"
+    )
+    numbers = (
+        f"{capacity}, TTFT {best_pred.ttft_ms:.0f} ms, ITL {best_pred.itl_ms:.1f} ms"
         + _evidence_note(best, applied, residuals)
     )
     if best.same_as(applied):
@@ -357,6 +375,16 @@ def search(
             f"{best.describe()} is predicted to fix the SLO violation: {numbers}",
             evaluated,
         )
+    if not best_pred.feasible and not math.isfinite(best_pred.slo_ratio):
+        text = (
+            f"{best.describe()} is the most capacity one step can reach, though no candidate "
+            f"is predicted to serve {workload.request_rate:.2f} req/s/pod within the SLO "
+            f"({capacity}{_evidence_note(best, applied, residuals)})"
+        )
+        worth = gain >= min_gain_pct
+        if not worth:
+            text = f"best candidate gains only {_pct(gain)}: {text}"
+        return SearchResult(best, best_pred, current, gain, worth, text, evaluated)
     if not best_pred.feasible:
         improvement = (
             (current.slo_ratio - best_pred.slo_ratio) / current.slo_ratio * 100.0

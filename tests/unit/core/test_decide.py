@@ -296,6 +296,8 @@ def test_rollout_state_machine(
         assert d.knobs_to_apply == state.last_good
         assert d.new_state.applied == state.last_good
         assert d.events[0].type == "Warning"
+        assert state.recommendation is not None
+        assert d.new_state.recommendation is None  # the failed proposal is not recommended
         if outcome in ("NotReady", "Crashed", "OOMKilled"):
             assert d.new_state.infeasible[-1].knobs == state.candidate
             assert d.new_state.infeasible[-1].kind == outcome

@@ -11,8 +11,16 @@ from vllm_autotuner.core.diagnosis import diagnose
 from vllm_autotuner.core.evidence import TrialEvidence
 from vllm_autotuner.core.perf_model import AnalyticModel, Workload
 from vllm_autotuner.core.search import SearchResult, allowed, is_forbidden, search
-from vllm_autotuner.core.snapshot import Snapshot
-from vllm_autotuner.core.tuning_types import Bounds, InfeasibleConfig, KnobBounds, Knobs
+from vllm_autotuner.core.snapshot import KVCacheInfo, Snapshot
+from vllm_autotuner.core.tuning_types import (
+    SLO,
+    Bounds,
+    DeploymentContext,
+    InfeasibleConfig,
+    KnobBounds,
+    Knobs,
+    SLOTarget,
+)
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -155,3 +163,66 @@ def test_memory_past_the_proven_value_never_comes_with_more_tokens() -> None:
     r = run_search(snap, applied, bounds=MEMORY_BOUNDS, stable_gmu=0.94)
     if r.best is not None and r.best.gpu_memory_utilization > 0.94 + 1e-9:
         assert r.best.max_num_batched_tokens <= applied.max_num_batched_tokens
+
+
+KV_70B = DeploymentContext(
+    model="meta-llama/Llama-3.1-70B-Instruct",
+    gpu_product="H100",
+    tensor_parallel_size=2,
+    max_model_len=8192,
+    replicas=2,
+)
+KV_SLO = SLO(ttft=SLOTarget(95.0, 3000.0), itl=SLOTarget(95.0, 100.0))
+# Token budget and sequences pinned: memory is the only lever.
+MEMORY_ONLY = Bounds(
+    KnobBounds(2048, 2048, 2048), KnobBounds(256, 256, 256), KnobBounds(0.85, 0.95, 0.03)
+)
+
+
+@pytest.mark.parametrize("rate", [0.6, 1.5])
+def test_an_overload_no_candidate_can_serve_still_moves_to_the_most_capacity(
+    rate: float,
+) -> None:
+    """70B on two H100s at 0.90 is KV-starved (~2.5 GiB of cache per GPU). At 0.6 req/s per
+    pod one step of memory serves the load; at 1.5 nothing one step reaches does. The tuner
+    must still take the step that adds the most capacity rather than hold while the queue
+    grows (the e2e OOM-candidate scenario held for 240 s)."""
+    knobs = Knobs(2048, 256, 0.90)
+    blocks = int(2.5 * 2**30 * 2 / (327680 / 2) / 16)  # 2.5 GiB per GPU of 70B's KV bytes
+    snap = make_snapshot(
+        knobs,
+        rate=rate,
+        ttft_p95=60000.0,
+        itl_p95=60.0,
+        itl_mean=40.0,
+        kv_max=1.0,
+        preemption_rate=0.2,
+        waiting_mean=5.0,
+        running_max=12.0,
+        prompt=(1500.0, 2900.0),
+        gen=(400.0, 800.0),
+        kv_cache=KVCacheInfo(num_gpu_blocks=blocks, block_size=16, gpu_memory_utilization=0.90),
+    )
+    model = AnalyticModel()
+    w = Workload.from_snapshot(snap, KV_SLO, 0.9)
+    diag = diagnose(snap, KV_SLO, knobs)
+    assert diag.violates_slo
+    r = search(
+        applied=knobs,
+        bounds=MEMORY_ONLY,
+        model=model,
+        workload=w,
+        calibration=model.calibrate(snap, knobs, KV_70B, w, None),
+        diagnosis=diag,
+        infeasible=(),
+        stable_gmu=0.90,
+        gmu_rise_step=0.03,
+        min_gain_pct=5.0,
+        slo_violated=True,
+    )
+    assert r.best == Knobs(2048, 256, 0.93), r.reason
+    assert r.worth_rollout and r.prediction is not None, r.reason
+    assert r.prediction.capacity_rps > 1.05 * r.current.capacity_rps
+    assert r.prediction.feasible == (rate < 1.0), r.reason
+    if rate > 1.0:
+        assert "no candidate is predicted to serve 1.50 req/s/pod" in r.reason
