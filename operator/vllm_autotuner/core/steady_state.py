@@ -495,7 +495,16 @@ def _sample_path(
     t_mean: float,
     costs: Costs,
 ) -> tuple[FloatArray, FloatArray, float]:
-    """(step durations, TTFT samples, mean prefill time) of one sample path."""
+    """(step durations, TTFT samples, mean prefill time) of one sample path.
+
+    Step by step, as the scheduler runs: step k admits what arrived before step k - 2 ended
+    (async scheduling schedules step k + 1 while step k runs), spends its `room` on the
+    oldest prompts first (a prompt may span steps), and lasts what its tokens and
+    admissions cost. Each step's duration depends only on steps that ended before it was
+    scheduled, so one pass is exact. (Earlier, a few vectorised rounds placed arrivals on
+    the step boundaries of the round before: at low load, where each prompt makes its own
+    long step, prompts landed on short steps and the path's prefill time came out at
+    15 ms where its own steps took 138 ms; TTFT p95 138 ms against 368 ms.)"""
     n_steps = STEPS
     horizon = n_steps * t_mean
     n_arr = int(np.searchsorted(_ARRIVALS_UNIT, horizon * lam))
@@ -506,38 +515,86 @@ def _sample_path(
     arrive = _ARRIVALS_UNIT[:n_arr] / lam
     sigma = traffic.prompt_sigma
     mu = math.log(p_mean) - 0.5 * sigma * sigma
-    prompt = np.exp(mu + sigma * _Z_PROMPT[:n_arr]) * (1.0 - hit)
-    prompt = np.maximum(prompt, 1.0)
-    t_steps = np.full(n_steps, t_mean)
-    needed = np.cumsum(prompt)
+    prompt = np.maximum(np.exp(mu + sigma * _Z_PROMPT[:n_arr]) * (1.0 - hit), 1.0)
     sig = costs.jitter
-    noise = np.exp(sig * _Z_STEP[:n_steps] - 0.5 * sig * sig) if sig > 0 else 1.0
-    for _ in range(3):
-        # Step boundaries, the arrivals placed between them and the prefill each step
-        # carries, then the step times that prefill makes: a few rounds to agree.
-        ends = np.cumsum(t_steps)
-        # Async scheduling: step k + 1 is scheduled while step k runs, so a request that
-        # arrives during step k is scheduled from step k + 2.
-        first = np.minimum(np.searchsorted(ends, arrive, side="right") + 2, n_steps - 1)
-        counts = np.bincount(first, minlength=n_steps)[:n_steps].astype(np.float64)
-        demand = np.bincount(first, weights=prompt, minlength=n_steps)[:n_steps]
-        walk = np.cumsum(demand - room)
-        backlog = walk - np.minimum(0.0, np.minimum.accumulate(walk))
-        before = np.concatenate(([0.0], backlog[:-1]))
-        chunk = before + demand - backlog
-        t_used = t_steps
-        t_steps = (curve(running + chunk) + costs.admit_s * counts) * noise
-    processed = np.cumsum(chunk)
-    # Half a token of slack: the reflected walk accumulates float error over many steps.
-    done = np.minimum(np.searchsorted(processed, needed - 0.5), n_steps - 1)
-    # The first token is out when the step that completes the prefill ends.
-    out_step = done
-    ttft = ends[out_step] - arrive + costs.frontend_s
-    # Prefill time: from the step that starts a prompt to its first token.
-    start = np.minimum(np.searchsorted(processed, needed - prompt + 0.5), n_steps - 1)
-    prefill = ends[out_step] - (ends[start] - t_used[start])
-    keep = (arrive >= horizon * _WARMUP) & (done < n_steps - 2)
-    ttft = ttft[keep]
-    if ttft.size == 0:
+    noise = np.exp(sig * _Z_STEP[:n_steps] - 0.5 * sig * sig) if sig > 0 else np.ones(n_steps)
+    table = _StepTable(curve, running, room)
+    ends, starts, first, done = _walk(
+        arrive.tolist(), prompt.tolist(), room, table, costs.admit_s, noise.tolist()
+    )
+    t_steps = np.diff(np.asarray(ends), prepend=0.0)
+    ends_a = np.asarray(ends)
+    done_a = np.asarray(done)
+    keep = (arrive >= horizon * _WARMUP) & (done_a >= 0) & (done_a < n_steps - 2)
+    if not keep.any():
         return t_steps, np.array([math.inf]), math.inf
-    return t_steps, ttft, float(prefill[keep].mean())
+    out = done_a[keep]
+    ttft = ends_a[out] - arrive[keep] + costs.frontend_s
+    prefill = ends_a[out] - np.asarray(starts)[np.asarray(first)[keep]]
+    return t_steps, ttft, float(prefill.mean())
+
+
+class _StepTable:
+    """The step curve at `running` decodes plus 0..`room` prefill tokens, tabulated finely
+    enough (512 intervals) that linear interpolation in plain floats reproduces the curve's
+    own piecewise-linear values; the walk looks one up per step."""
+
+    SIZE = 512
+
+    def __init__(self, curve: Callable[[FloatArray], FloatArray], running: float, room: float):
+        xs = np.linspace(0.0, room, self.SIZE + 1)
+        self.values: list[float] = curve(running + xs).tolist()
+        self.per_token = self.SIZE / room if room > 0 else 0.0
+
+    def at(self, chunk: float) -> float:
+        f = chunk * self.per_token
+        i = int(f)
+        if i >= self.SIZE:
+            return self.values[self.SIZE]
+        lo = self.values[i]
+        return lo + (self.values[i + 1] - lo) * (f - i)
+
+
+def _walk(
+    arrive: list[float],
+    prompt: list[float],
+    room: float,
+    table: _StepTable,
+    admit_s: float,
+    noise: list[float],
+) -> tuple[list[float], list[float], list[int], list[int]]:
+    """(end and start of each step, the step that starts and the one that finishes each
+    prompt, -1 when the path ends first): the scheduler's walk over the steps."""
+    n_steps, n_arr = len(noise), len(arrive)
+    ends = [0.0] * n_steps
+    starts = [0.0] * n_steps
+    first = [-1] * n_arr
+    done = [-1] * n_arr
+    t = 0.0
+    admitted = 0  # arrivals admitted so far (in order)
+    head = 0  # the oldest prompt not yet fully prefilled
+    left_of_head = prompt[0] if n_arr else 0.0
+    for k in range(n_steps):
+        count = 0
+        if k >= 2:
+            limit = ends[k - 2]
+            while admitted < n_arr and arrive[admitted] < limit:
+                admitted += 1
+                count += 1
+        starts[k] = t
+        space = room
+        chunk = 0.0
+        while head < admitted and space > 1e-9:
+            if first[head] < 0:
+                first[head] = k
+            take = left_of_head if left_of_head < space else space
+            chunk += take
+            space -= take
+            left_of_head -= take
+            if left_of_head <= 1e-9:
+                done[head] = k
+                head += 1
+                left_of_head = prompt[head] if head < n_arr else 0.0
+        t += (table.at(chunk) + admit_s * count) * noise[k]
+        ends[k] = t
+    return ends, starts, first, done
