@@ -14,7 +14,6 @@ A model or GPU the catalog does not know falls back to the shape of Llama-3.1-8B
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -123,24 +122,54 @@ class Physics:
 
     def step_curve(
         self, bandwidth: float, compute: float, n_seqs: float, ctx_per_seq: float
-    ) -> Callable[[FloatArray], FloatArray]:
+    ) -> StepCurveFn:
         """Step time as a function of the tokens of a step (`n_seqs` decodes of `ctx_per_seq`
         context each, plus prefill tokens): exact on a grid, linear in between, and never
         shorter for more tokens (the roofline dips by ~1e-5 where a first prefill sequence
         joins the decodes; a tuner that read the dip as a gain would chase noise)."""
         sm = self.step_model(bandwidth, compute)
         grid = _TOKEN_GRID + max(1.0, n_seqs)
-        values = np.maximum.accumulate(_grid_step_times(sm, grid, n_seqs, ctx_per_seq))
+        base = _grid_step_times(sm, grid, n_seqs, ctx_per_seq)
+        # Seconds per attention pair beyond the chunk's own causal square, over a prefix of
+        # PREFIX_PROBE tokens per chunk token (linear between the roofline's corners).
+        probe = np.maximum(1.0, grid - n_seqs) * PREFIX_PROBE
+        more = _grid_step_times(sm, grid, n_seqs, ctx_per_seq, probe)
+        pair_s = np.maximum(0.0, (more - base) / probe)
+        return StepCurveFn(grid, np.maximum.accumulate(base), pair_s)
 
-        def curve(tokens: FloatArray) -> FloatArray:
-            out: FloatArray = np.interp(tokens, grid, values)
-            return out
 
-        return curve
+# The prefix a chunk's tokens attend to, in tokens, at which the step curve's cost per extra
+# attention pair is measured (the cost is linear in pairs until the step turns compute-bound).
+PREFIX_PROBE = 1024.0
+
+
+class StepCurveFn:
+    """Step time over the tokens of a step, exact on a grid and linear in between (callable),
+    and `pair_seconds`: what each attention pair beyond the chunk's own causal square adds.
+    A prompt chunked past its start attends to its prefix in the KV cache as well (vLLM's
+    chunked prefill), so a chunk of c tokens at offset o costs c x (o + c/2) pairs, not c²/2;
+    and prompts prefilled whole in one step attend only to themselves, sum of P²/2."""
+
+    def __init__(self, grid: FloatArray, values: FloatArray, pair_s: FloatArray) -> None:
+        self.grid = grid
+        self.values = values
+        self.pair_s = pair_s
+
+    def __call__(self, tokens: FloatArray) -> FloatArray:
+        out: FloatArray = np.interp(tokens, self.grid, self.values)
+        return out
+
+    def pair_seconds(self, tokens: FloatArray) -> FloatArray:
+        out: FloatArray = np.interp(tokens, self.grid, self.pair_s)
+        return out
 
 
 def _grid_step_times(
-    sm: StepTimeModel, grid: FloatArray, n_seqs: float, ctx_per_seq: float
+    sm: StepTimeModel,
+    grid: FloatArray,
+    n_seqs: float,
+    ctx_per_seq: float,
+    extra_pairs: FloatArray | float = 0.0,
 ) -> FloatArray:
     """`sm.step_time` at each token count of `grid` (whole tokens; one more sequence once a
     prefill chunk joins the decodes), in one array pass: the same operations in the same
@@ -150,7 +179,7 @@ def _grid_step_times(
     chunk = np.maximum(0.0, grid - n_seqs)
     # Attention query-key pairs: one query per decode against its context, and a prefill
     # chunk of `n - n_seqs` tokens against itself (causal: half the square).
-    pairs = ctx + n_seqs + 0.5 * chunk * chunk
+    pairs = ctx + n_seqs + 0.5 * chunk * chunk + extra_pairs
     n_seqs_at = seqs + (grid > n_seqs + 0.5).astype(np.float64)
     return sm.step_times(np.trunc(grid), n_seqs_at, np.full(grid.shape, ctx), pairs)
 

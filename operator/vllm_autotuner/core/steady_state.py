@@ -36,7 +36,7 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
-from vllm_autotuner.core.physics import lognormal_sigma
+from vllm_autotuner.core.physics import StepCurveFn, lognormal_sigma
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -520,7 +520,7 @@ def _sample_path(
     noise = np.exp(sig * _Z_STEP[:n_steps] - 0.5 * sig * sig) if sig > 0 else np.ones(n_steps)
     table = _StepTable(curve, running, room)
     ends, starts, first, done = _walk(
-        arrive.tolist(), prompt.tolist(), room, table, costs.admit_s, noise.tolist()
+        arrive.tolist(), prompt.tolist(), hit, room, table, costs.admit_s, noise.tolist()
     )
     t_steps = np.diff(np.asarray(ends), prepend=0.0)
     ends_a = np.asarray(ends)
@@ -544,27 +544,38 @@ class _StepTable:
     def __init__(self, curve: Callable[[FloatArray], FloatArray], running: float, room: float):
         xs = np.linspace(0.0, room, self.SIZE + 1)
         self.values: list[float] = curve(running + xs).tolist()
+        pair_s = curve.pair_seconds(running + xs) if isinstance(curve, StepCurveFn) else 0.0 * xs
+        self.pair_s: list[float] = pair_s.tolist()
         self.per_token = self.SIZE / room if room > 0 else 0.0
 
-    def at(self, chunk: float) -> float:
+    def at(self, chunk: float, pairs: float) -> float:
+        """The step with `chunk` prefill tokens whose attention covers `pairs` query-key pairs
+        (the curve assumes chunk²/2: one prompt from its start)."""
         f = chunk * self.per_token
         i = int(f)
         if i >= self.SIZE:
-            return self.values[self.SIZE]
-        lo = self.values[i]
-        return lo + (self.values[i + 1] - lo) * (f - i)
+            base, per_pair = self.values[self.SIZE], self.pair_s[self.SIZE]
+        else:
+            lo, plo = self.values[i], self.pair_s[i]
+            base = lo + (self.values[i + 1] - lo) * (f - i)
+            per_pair = plo + (self.pair_s[i + 1] - plo) * (f - i)
+        return base + per_pair * (pairs - 0.5 * chunk * chunk)
 
 
 def _walk(
     arrive: list[float],
     prompt: list[float],
+    hit: float,
     room: float,
     table: _StepTable,
     admit_s: float,
     noise: list[float],
 ) -> tuple[list[float], list[float], list[int], list[int]]:
     """(end and start of each step, the step that starts and the one that finishes each
-    prompt, -1 when the path ends first): the scheduler's walk over the steps."""
+    prompt, -1 when the path ends first): the scheduler's walk over the steps. `prompt` holds
+    the tokens each prompt must compute; a share `hit` of the whole prompt came from the
+    prefix cache, and every computed token attends to all that precede it."""
+    cached_per_token = hit / (1.0 - hit)
     n_steps, n_arr = len(noise), len(arrive)
     ends = [0.0] * n_steps
     starts = [0.0] * n_steps
@@ -584,10 +595,14 @@ def _walk(
         starts[k] = t
         space = room
         chunk = 0.0
+        pairs = 0.0
         while head < admitted and space > 1e-9:
             if first[head] < 0:
                 first[head] = k
             take = left_of_head if left_of_head < space else space
+            whole = prompt[head]
+            offset = whole * cached_per_token + whole - left_of_head
+            pairs += take * (offset + 0.5 * take)
             chunk += take
             space -= take
             left_of_head -= take
@@ -595,6 +610,6 @@ def _walk(
                 done[head] = k
                 head += 1
                 left_of_head = prompt[head] if head < n_arr else 0.0
-        t += (table.at(chunk) + admit_s * count) * noise[k]
+        t += (table.at(chunk, pairs) + admit_s * count) * noise[k]
         ends[k] = t
     return ends, starts, first, done
