@@ -129,34 +129,45 @@ class Physics:
         joins the decodes; a tuner that read the dip as a gain would chase noise)."""
         sm = self.step_model(bandwidth, compute)
         grid = _TOKEN_GRID + max(1.0, n_seqs)
-        base = _grid_step_times(sm, grid, n_seqs, ctx_per_seq)
-        # Seconds per attention pair beyond the chunk's own causal square, over a prefix of
-        # PREFIX_PROBE tokens per chunk token (linear between the roofline's corners).
-        probe = np.maximum(1.0, grid - n_seqs) * PREFIX_PROBE
+        values = np.maximum.accumulate(_grid_step_times(sm, grid, n_seqs, ctx_per_seq))
+        # The same steps with the prefill's attention left out, and what its pairs add: the
+        # chord from none to PREFIX_PROBE pairs per prefill token (the roofline is linear in
+        # pairs on either side of the corner where the step turns compute-bound).
+        chunk = np.maximum(0.0, grid - n_seqs)
+        none = _grid_step_times(sm, grid, n_seqs, ctx_per_seq, 0.0 * chunk)
+        probe = np.maximum(1.0, chunk) * PREFIX_PROBE
         more = _grid_step_times(sm, grid, n_seqs, ctx_per_seq, probe)
-        pair_s = np.maximum(0.0, (more - base) / probe)
-        return StepCurveFn(grid, np.maximum.accumulate(base), pair_s)
+        pair_s = np.maximum(0.0, (more - none) / probe)
+        return StepCurveFn(grid, values, np.maximum.accumulate(none), pair_s)
 
 
-# The prefix a chunk's tokens attend to, in tokens, at which the step curve's cost per extra
-# attention pair is measured (the cost is linear in pairs until the step turns compute-bound).
-PREFIX_PROBE = 1024.0
+# Query-key pairs per prefill token at which the cost of the prefill's attention is measured
+# (a token attends to the tokens before it in its prompt: a few hundred to a few thousand).
+PREFIX_PROBE = 8192.0
 
 
 class StepCurveFn:
-    """Step time over the tokens of a step, exact on a grid and linear in between (callable),
-    and `pair_seconds`: what each attention pair beyond the chunk's own causal square adds.
-    A prompt chunked past its start attends to its prefix in the KV cache as well (vLLM's
-    chunked prefill), so a chunk of c tokens at offset o costs c x (o + c/2) pairs, not c²/2;
-    and prompts prefilled whole in one step attend only to themselves, sum of P²/2."""
+    """Step time over the tokens of a step, exact on a grid and linear in between (callable:
+    a prompt's chunk attending to itself, chunk²/2 pairs), and the parts that let a caller
+    count the prefill's attention itself: `without_prefill_attention(tokens) + pair_seconds
+    (tokens) x pairs`. A prompt chunked past its start attends to its prefix in the KV cache
+    as well (vLLM's chunked prefill), so a chunk of c tokens at offset o costs c x (o + c/2)
+    pairs; prompts prefilled whole in one step attend only to themselves, P²/2 each."""
 
-    def __init__(self, grid: FloatArray, values: FloatArray, pair_s: FloatArray) -> None:
+    def __init__(
+        self, grid: FloatArray, values: FloatArray, none: FloatArray, pair_s: FloatArray
+    ) -> None:
         self.grid = grid
         self.values = values
+        self.none = none
         self.pair_s = pair_s
 
     def __call__(self, tokens: FloatArray) -> FloatArray:
         out: FloatArray = np.interp(tokens, self.grid, self.values)
+        return out
+
+    def without_prefill_attention(self, tokens: FloatArray) -> FloatArray:
+        out: FloatArray = np.interp(tokens, self.grid, self.none)
         return out
 
     def pair_seconds(self, tokens: FloatArray) -> FloatArray:
@@ -169,7 +180,7 @@ def _grid_step_times(
     grid: FloatArray,
     n_seqs: float,
     ctx_per_seq: float,
-    extra_pairs: FloatArray | float = 0.0,
+    prefill_pairs: FloatArray | None = None,
 ) -> FloatArray:
     """`sm.step_time` at each token count of `grid` (whole tokens; one more sequence once a
     prefill chunk joins the decodes), in one array pass: the same operations in the same
@@ -179,7 +190,9 @@ def _grid_step_times(
     chunk = np.maximum(0.0, grid - n_seqs)
     # Attention query-key pairs: one query per decode against its context, and a prefill
     # chunk of `n - n_seqs` tokens against itself (causal: half the square).
-    pairs = ctx + n_seqs + 0.5 * chunk * chunk + extra_pairs
+    if prefill_pairs is None:
+        prefill_pairs = 0.5 * chunk * chunk
+    pairs = ctx + n_seqs + prefill_pairs
     n_seqs_at = seqs + (grid > n_seqs + 0.5).astype(np.float64)
     return sm.step_times(np.trunc(grid), n_seqs_at, np.full(grid.shape, ctx), pairs)
 

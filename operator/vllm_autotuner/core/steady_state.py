@@ -170,7 +170,7 @@ def steady_state(
     seqs_cap = float(knobs.max_seqs)
     gen_q = _lognormal_quantile(g, max(traffic.gen_p90, g * 1.0001))
 
-    t_mean = _mean_step(traffic, ctx_per_seq, seqs_cap, curve_at, running, costs.admit_s)
+    t_mean = _mean_step(traffic, ctx_per_seq, seqs_cap, budget, curve_at, running, costs.admit_s)
     before: tuple[float, float] | None = None  # the last round's (mean step in, path's mean)
     for _ in range(_PATH_ROUNDS):
         r = running if running is not None else lam * g * t_mean
@@ -346,6 +346,7 @@ def _mean_step(
     traffic: Traffic,
     ctx_per_seq: float,
     seqs_cap: float,
+    budget: float,
     curve_at: StepCurve,
     running: float | None,
     admit_s: float = 0.0,
@@ -353,10 +354,12 @@ def _mean_step(
     """The mean step time: a damped fixed point of Little's law and the step curve."""
     memo = _MEMO.get()
     if memo is None:
-        return _iterate_mean_step(traffic, ctx_per_seq, seqs_cap, curve_at, running, admit_s)[0]
+        return _iterate_mean_step(
+            traffic, ctx_per_seq, seqs_cap, budget, curve_at, running, admit_s
+        )[0]
     # A result whose iterates never ran more requests than the cap is also the result for
     # any larger cap (min(r, cap) was r throughout): remembered without the cap.
-    free = (traffic, ctx_per_seq, curve_at, running, admit_s)
+    free = (traffic, ctx_per_seq, budget, curve_at, running, admit_s)
     found = memo.steps.get(free)
     if found is not None and found[1] <= seqs_cap:
         return found[0]
@@ -364,7 +367,9 @@ def _mean_step(
     found = memo.steps.get(capped)
     if found is not None:
         return found[0]
-    t_mean, peak = _iterate_mean_step(traffic, ctx_per_seq, seqs_cap, curve_at, running, admit_s)
+    t_mean, peak = _iterate_mean_step(
+        traffic, ctx_per_seq, seqs_cap, budget, curve_at, running, admit_s
+    )
     memo.steps[free if peak <= seqs_cap else capped] = (t_mean, peak)
     return t_mean
 
@@ -373,31 +378,60 @@ def _iterate_mean_step(
     traffic: Traffic,
     ctx_per_seq: float,
     seqs_cap: float,
+    budget: float,
     curve_at: StepCurve,
     running: float | None,
     admit_s: float = 0.0,
 ) -> tuple[float, float]:
     """(mean step, the most running requests any iterate assumed). Every arrival is admitted
-    once, so a step of `t` admits `rate x t` requests on average, each at `admit_s`."""
+    once, so a step of `t` admits `rate x t` requests on average, each at `admit_s`. Steps
+    that carry prefill and steps that do not are averaged apart: a prompt fills a share of
+    the steps (all of them under load) with chunks of up to the budget left by the decodes,
+    and the step curve bends upwards where prefill turns compute-bound, so the step at the
+    mean chunk is shorter than the mean step."""
     lam = max(traffic.rate, 1e-9)
     g = max(1.0, traffic.gen_mean)
     p_mean = max(1.0, traffic.prompt_mean)
     hit = min(0.99, max(0.0, traffic.prefix_hit_rate))
     # First guess of the mean step: decodes only, at Little's law's batch.
     t_mean = float(curve_at(1.0, ctx_per_seq)(np.array([1.0]))[0])
+    position = _mean_position(traffic)
     peak = -math.inf
     for _ in range(30):
         r = running if running is not None else lam * g * t_mean
         peak = max(peak, r)
         r_eff = min(r, seqs_cap)
-        tokens = r_eff + lam * t_mean * p_mean * (1 - hit)
-        step = float(curve_at(r_eff, ctx_per_seq)(np.array([tokens]))[0])
+        prefill = lam * t_mean * p_mean * (1 - hit)
+        curve = curve_at(r_eff, ctx_per_seq)
+        room = max(1.0, budget - r_eff)
+        busy = min(1.0, lam * t_mean * max(1.0, p_mean * (1 - hit) / room))
+        chunk = prefill / busy
+        step = busy * _step_time(curve, r_eff + chunk, chunk * position)
+        if busy < 1.0:
+            step += (1.0 - busy) * _step_time(curve, r_eff, 0.0)
         t_new = step + admit_s * lam * t_mean
         if abs(t_new - t_mean) < 1e-4 * t_mean:
             t_mean = t_new
             break
         t_mean = 0.5 * (t_mean + t_new)
     return t_mean, peak
+
+
+def _mean_position(traffic: Traffic) -> float:
+    """How many tokens a computed prefill token attends to on average: its position in the
+    prompt, cached prefix included (a share `hit` of each prompt; log-normal lengths, so the
+    token-weighted mean of P is E[P²]/E[P] = mean x exp(sigma²))."""
+    hit = min(0.99, max(0.0, traffic.prefix_hit_rate))
+    sigma = traffic.prompt_sigma
+    return 0.5 * (1.0 + hit) * max(1.0, traffic.prompt_mean) * math.exp(sigma * sigma)
+
+
+def _step_time(curve: Callable[[FloatArray], FloatArray], tokens: float, pairs: float) -> float:
+    """One step of `tokens` whose prefill attention covers `pairs` query-key pairs."""
+    x = np.array([tokens])
+    if isinstance(curve, StepCurveFn):
+        return float(curve.without_prefill_attention(x)[0] + curve.pair_seconds(x)[0] * pairs)
+    return float(curve(x)[0])
 
 
 def _path(
@@ -543,14 +577,18 @@ class _StepTable:
 
     def __init__(self, curve: Callable[[FloatArray], FloatArray], running: float, room: float):
         xs = np.linspace(0.0, room, self.SIZE + 1)
-        self.values: list[float] = curve(running + xs).tolist()
-        pair_s = curve.pair_seconds(running + xs) if isinstance(curve, StepCurveFn) else 0.0 * xs
-        self.pair_s: list[float] = pair_s.tolist()
+        tokens = running + xs
+        if isinstance(curve, StepCurveFn):
+            self.values: list[float] = curve.without_prefill_attention(tokens).tolist()
+            self.pair_s: list[float] = curve.pair_seconds(tokens).tolist()
+        else:  # a plain curve (tests): its own attention, nothing per pair
+            self.values = curve(tokens).tolist()
+            self.pair_s = [0.0] * (self.SIZE + 1)
         self.per_token = self.SIZE / room if room > 0 else 0.0
 
     def at(self, chunk: float, pairs: float) -> float:
-        """The step with `chunk` prefill tokens whose attention covers `pairs` query-key pairs
-        (the curve assumes chunk²/2: one prompt from its start)."""
+        """The step with `chunk` prefill tokens whose attention covers `pairs` query-key
+        pairs."""
         f = chunk * self.per_token
         i = int(f)
         if i >= self.SIZE:
@@ -559,7 +597,7 @@ class _StepTable:
             lo, plo = self.values[i], self.pair_s[i]
             base = lo + (self.values[i + 1] - lo) * (f - i)
             per_pair = plo + (self.pair_s[i + 1] - plo) * (f - i)
-        return base + per_pair * (pairs - 0.5 * chunk * chunk)
+        return base + per_pair * pairs
 
 
 def _walk(
