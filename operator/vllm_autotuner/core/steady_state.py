@@ -11,10 +11,13 @@ by the rate, for every evaluation, so that results are smooth in the rate and in
 - arrivals: a Poisson process at `rate`; prompt and output lengths lognormal, fitted to the
   observed mean and p90; prefix-cache hits remove that share of each prompt's compute;
 - running decodes `R` by Little's law (rate x output length x mean step), or as observed;
-- prefill tokens per step: a reflected random walk (Lindley's recursion) with arrivals in and
-  at most `budget - R` tokens out per step;
+- the scheduler's walk over the steps, in order: step k admits what arrived before step
+  k - 2 ended (async scheduling) and spends at most `budget - R` tokens on the oldest
+  prompts, a prompt spanning steps when it must;
 - step time from the deployment's physics (core/physics.py) at `R` decodes plus the step's
-  prefill tokens, plus a cost per admitted request;
+  prefill tokens and their attention (each prefill token attends to every token before it
+  in its prompt, the cached prefix and earlier chunks included), plus a cost per admitted
+  request;
 - TTFT of each arrival: from its arrival to the end of the step that completes its prefill,
   plus the frontend overhead (async scheduling delays the first step by one); the wait for a free
   sequence slot (`max_num_seqs`) is added as an M/M/c queue.
