@@ -377,6 +377,10 @@ class AnalyticModel:
         step_target = None
         if snapshot.steps_per_s and (running or 0.0) >= 4.0:
             step_target = -math.log(snapshot.steps_per_s)
+        prefill = snapshot.prefill_time
+        prefill_target = None
+        if prefill.mean_ms and prefill.count >= PREFILL_MIN_COUNT:
+            prefill_target = math.log(prefill.mean_ms / 1000.0)
         return FitProblem(
             self._phys().shape,
             _traffic(workload, workload.request_rate),
@@ -386,6 +390,7 @@ class AnalyticModel:
             step_target,
             tuple(_itl_shape(snapshot.itl)),
             None if centre is None else tuple(_params(centre)),
+            prefill_target,
         )
 
     def _fit_api(
@@ -709,6 +714,7 @@ class FitProblem:
     step_target: float | None
     itl_shape: tuple[tuple[float, float], ...]
     centre: tuple[float, ...] | None = None  # the prior's centre (`_params` units)
+    prefill_target: float | None = None  # log of the mean prefill time (s), when counted
 
 
 def _evaluate(problem: FitProblem, x: Sequence[float]) -> SteadyState:
@@ -725,13 +731,20 @@ def _residuals(problem: FitProblem, x: Sequence[float]) -> list[float]:
     the mean step and the ITL histogram from the window's, and from the prior."""
     st = _evaluate(problem, x)
     prior_terms = _prior_terms(x, problem.centre)
-    n = 1 + 2 * len(problem.itl_shape) + (problem.step_target is not None)
+    n = (
+        1
+        + 2 * len(problem.itl_shape)
+        + (problem.step_target is not None)
+        + (problem.prefill_target is not None)
+    )
     if not st.stable:
         return [5.0] * n + prior_terms
     fit = [math.log(max(st.itl_mean_s, 1e-9)) - problem.target]
     if problem.step_target is not None:
         fit.append(math.log(max(st.step_mean_s, 1e-9)) - problem.step_target)
     fit += _shape_residuals(st.itl_below, problem.itl_shape)
+    if problem.prefill_target is not None:
+        fit.append(math.log(max(st.prefill_mean_s, 1e-9)) - problem.prefill_target)
     return fit + prior_terms
 
 
@@ -804,6 +817,12 @@ def _least_squares(
         },
     )
     return [float(v) for v in res.x]
+
+
+# Prefills a window must count before their mean time joins the fit (vLLM's
+# vllm:request_prefill_time_seconds: first scheduled to first token, the steps that carry a
+# prompt, which the window's compute efficiency sets).
+PREFILL_MIN_COUNT = 20
 
 
 # Predicted and measured SLO percentiles agree within this (|log| of their ratio).

@@ -14,7 +14,6 @@ A model or GPU the catalog does not know falls back to the shape of Llama-3.1-8B
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -123,7 +122,7 @@ class Physics:
 
     def step_curve(
         self, bandwidth: float, compute: float, n_seqs: float, ctx_per_seq: float
-    ) -> Callable[[FloatArray], FloatArray]:
+    ) -> StepCurveFn:
         """Step time as a function of the tokens of a step (`n_seqs` decodes of `ctx_per_seq`
         context each, plus prefill tokens): exact on a grid, linear in between, and never
         shorter for more tokens (the roofline dips by ~1e-5 where a first prefill sequence
@@ -131,16 +130,57 @@ class Physics:
         sm = self.step_model(bandwidth, compute)
         grid = _TOKEN_GRID + max(1.0, n_seqs)
         values = np.maximum.accumulate(_grid_step_times(sm, grid, n_seqs, ctx_per_seq))
+        # The same steps with the prefill's attention left out, and what its pairs add: the
+        # chord from none to PREFIX_PROBE pairs per prefill token (the roofline is linear in
+        # pairs on either side of the corner where the step turns compute-bound).
+        chunk = np.maximum(0.0, grid - n_seqs)
+        none = _grid_step_times(sm, grid, n_seqs, ctx_per_seq, 0.0 * chunk)
+        probe = np.maximum(1.0, chunk) * PREFIX_PROBE
+        more = _grid_step_times(sm, grid, n_seqs, ctx_per_seq, probe)
+        pair_s = np.maximum(0.0, (more - none) / probe)
+        return StepCurveFn(grid, values, np.maximum.accumulate(none), pair_s)
 
-        def curve(tokens: FloatArray) -> FloatArray:
-            out: FloatArray = np.interp(tokens, grid, values)
-            return out
 
-        return curve
+# Query-key pairs per prefill token at which the cost of the prefill's attention is measured
+# (a token attends to the tokens before it in its prompt: a few hundred to a few thousand).
+PREFIX_PROBE = 8192.0
+
+
+class StepCurveFn:
+    """Step time over the tokens of a step, exact on a grid and linear in between (callable:
+    a prompt's chunk attending to itself, chunk²/2 pairs), and the parts that let a caller
+    count the prefill's attention itself: `without_prefill_attention(tokens) + pair_seconds
+    (tokens) x pairs`. A prompt chunked past its start attends to its prefix in the KV cache
+    as well (vLLM's chunked prefill), so a chunk of c tokens at offset o costs c x (o + c/2)
+    pairs; prompts prefilled whole in one step attend only to themselves, P²/2 each."""
+
+    def __init__(
+        self, grid: FloatArray, values: FloatArray, none: FloatArray, pair_s: FloatArray
+    ) -> None:
+        self.grid = grid
+        self.values = values
+        self.none = none
+        self.pair_s = pair_s
+
+    def __call__(self, tokens: FloatArray) -> FloatArray:
+        out: FloatArray = np.interp(tokens, self.grid, self.values)
+        return out
+
+    def without_prefill_attention(self, tokens: FloatArray) -> FloatArray:
+        out: FloatArray = np.interp(tokens, self.grid, self.none)
+        return out
+
+    def pair_seconds(self, tokens: FloatArray) -> FloatArray:
+        out: FloatArray = np.interp(tokens, self.grid, self.pair_s)
+        return out
 
 
 def _grid_step_times(
-    sm: StepTimeModel, grid: FloatArray, n_seqs: float, ctx_per_seq: float
+    sm: StepTimeModel,
+    grid: FloatArray,
+    n_seqs: float,
+    ctx_per_seq: float,
+    prefill_pairs: FloatArray | None = None,
 ) -> FloatArray:
     """`sm.step_time` at each token count of `grid` (whole tokens; one more sequence once a
     prefill chunk joins the decodes), in one array pass: the same operations in the same
@@ -150,7 +190,9 @@ def _grid_step_times(
     chunk = np.maximum(0.0, grid - n_seqs)
     # Attention query-key pairs: one query per decode against its context, and a prefill
     # chunk of `n - n_seqs` tokens against itself (causal: half the square).
-    pairs = ctx + n_seqs + 0.5 * chunk * chunk
+    if prefill_pairs is None:
+        prefill_pairs = 0.5 * chunk * chunk
+    pairs = ctx + n_seqs + prefill_pairs
     n_seqs_at = seqs + (grid > n_seqs + 0.5).astype(np.float64)
     return sm.step_times(np.trunc(grid), n_seqs_at, np.full(grid.shape, ctx), pairs)
 
