@@ -14,6 +14,7 @@ A model or GPU the catalog does not know falls back to the shape of Llama-3.1-8B
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -161,6 +162,23 @@ class StepCurveFn:
         self.values = values
         self.none = none
         self.pair_s = pair_s
+        self._grid_list: list[float] = grid.tolist()
+        self._none_list: list[float] = none.tolist()
+        self._pair_list: list[float] = pair_s.tolist()
+
+    def step(self, tokens: float, pairs: float) -> float:
+        """One step of `tokens` whose prefill attention covers `pairs` query-key pairs (plain
+        floats: the mean-step iteration asks for a few dozen points at a time)."""
+        g = self._grid_list
+        i = bisect_right(g, tokens) - 1
+        if i < 0:
+            return self._none_list[0] + self._pair_list[0] * pairs
+        if i >= len(g) - 1:
+            return self._none_list[-1] + self._pair_list[-1] * pairs
+        w = (tokens - g[i]) / (g[i + 1] - g[i])
+        none, per = self._none_list, self._pair_list
+        base = none[i] + (none[i + 1] - none[i]) * w
+        return base + (per[i] + (per[i + 1] - per[i]) * w) * pairs
 
     def __call__(self, tokens: FloatArray) -> FloatArray:
         out: FloatArray = np.interp(tokens, self.grid, self.values)

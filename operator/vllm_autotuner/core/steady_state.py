@@ -431,10 +431,9 @@ def _mean_position(traffic: Traffic) -> float:
 
 def _step_time(curve: Callable[[FloatArray], FloatArray], tokens: float, pairs: float) -> float:
     """One step of `tokens` whose prefill attention covers `pairs` query-key pairs."""
-    x = np.array([tokens])
     if isinstance(curve, StepCurveFn):
-        return float(curve.without_prefill_attention(x)[0] + curve.pair_seconds(x)[0] * pairs)
-    return float(curve(x)[0])
+        return curve.step(tokens, pairs)
+    return float(curve(np.array([tokens]))[0])
 
 
 def _path(
@@ -557,7 +556,7 @@ def _sample_path(
     noise = np.exp(sig * _Z_STEP[:n_steps] - 0.5 * sig * sig) if sig > 0 else np.ones(n_steps)
     table = _StepTable(curve, running, room)
     ends, starts, first, done = _walk(
-        arrive.tolist(), prompt.tolist(), hit, room, table, costs.admit_s, noise.tolist()
+        arrive.tolist(), prompt.tolist(), hit, room, table, costs.admit_s, noise
     )
     t_steps = np.diff(np.asarray(ends), prepend=0.0)
     ends_a = np.asarray(ends)
@@ -610,13 +609,18 @@ def _walk(
     room: float,
     table: _StepTable,
     admit_s: float,
-    noise: list[float],
+    noise_a: FloatArray,
 ) -> tuple[list[float], list[float], list[int], list[int]]:
     """(end and start of each step, the step that starts and the one that finishes each
     prompt, -1 when the path ends first): the scheduler's walk over the steps. `prompt` holds
     the tokens each prompt must compute; a share `hit` of the whole prompt came from the
-    prefix cache, and every computed token attends to all that precede it."""
+    prefix cache, and every computed token attends to all that precede it. Stretches with
+    nothing to prefill are laid down at once (decode-only steps until the step that admits
+    the next arrival), the rest one step at a time."""
     cached_per_token = hit / (1.0 - hit)
+    noise = noise_a.tolist()
+    values, pair_s, per_token, size = table.values, table.pair_s, table.per_token, table.SIZE
+    idle = values[0]
     n_steps, n_arr = len(noise), len(arrive)
     ends = [0.0] * n_steps
     starts = [0.0] * n_steps
@@ -626,7 +630,20 @@ def _walk(
     admitted = 0  # arrivals admitted so far (in order)
     head = 0  # the oldest prompt not yet fully prefilled
     left_of_head = prompt[0] if n_arr else 0.0
-    for k in range(n_steps):
+    k = 0
+    while k < n_steps:
+        if head == admitted and not (
+            k >= 2 and admitted < n_arr and arrive[admitted] < ends[k - 2]
+        ):
+            nxt = arrive[admitted] if admitted < n_arr else math.inf
+            if nxt - t > _LONG_IDLE * idle:
+                k, t = _idle_stretch(k, t, nxt, idle, noise_a, ends, starts)
+            else:  # one decode-only step
+                starts[k] = t
+                t += idle * noise[k]
+                ends[k] = t
+                k += 1
+            continue
         count = 0
         if k >= 2:
             limit = ends[k - 2]
@@ -651,6 +668,46 @@ def _walk(
                 done[head] = k
                 head += 1
                 left_of_head = prompt[head] if head < n_arr else 0.0
-        t += (table.at(chunk, pairs) + admit_s * count) * noise[k]
+        # _StepTable.at, inlined: this runs for every step that carries prefill.
+        f = chunk * per_token
+        j = int(f)
+        if j >= size:
+            step = values[size] + pair_s[size] * pairs
+        else:
+            w = f - j
+            step = values[j] + (values[j + 1] - values[j]) * w
+            step += (pair_s[j] + (pair_s[j + 1] - pair_s[j]) * w) * pairs
+        t += (step + admit_s * count) * noise[k]
         ends[k] = t
+        k += 1
     return ends, starts, first, done
+
+
+# Decode-only stretches expected to be longer than this many steps are laid down in one
+# array pass; shorter ones step by step (an array pass costs about as much as 20 steps).
+_LONG_IDLE = 32
+
+
+def _idle_stretch(
+    k: int,
+    t: float,
+    next_arrival: float,
+    idle_s: float,
+    noise: FloatArray,
+    ends: list[float],
+    starts: list[float],
+) -> tuple[int, float]:
+    """Lay down decode-only steps from step `k` (started at `t`) up to the step that admits
+    `next_arrival` (the second after the one it arrives in); (that step, its start)."""
+    n_steps = len(ends)
+    ends_a = t + np.cumsum(idle_s * noise[k:])
+    if k >= 1 and next_arrival < ends[k - 1]:
+        stop = k + 1  # it arrived during step k - 1: step k + 1 admits it
+    else:
+        arrives_in = int(np.searchsorted(ends_a, next_arrival, side="right"))  # from step k
+        stop = min(n_steps, k + arrives_in + 2)
+    count = stop - k
+    ends[k:stop] = ends_a[:count].tolist()
+    starts[k] = t
+    starts[k + 1 : stop] = ends_a[: count - 1].tolist()
+    return stop, ends[stop - 1]
