@@ -375,30 +375,30 @@ def search(
             f"{best.describe()} is predicted to fix the SLO violation: {numbers}",
             evaluated,
         )
-    if not best_pred.feasible and not math.isfinite(best_pred.slo_ratio):
-        text = (
-            f"{best.describe()} is the most capacity one step can reach, though no candidate "
-            f"is predicted to serve {workload.request_rate:.2f} req/s/pod within the SLO "
-            f"({capacity}{_evidence_note(best, applied, residuals)})"
-        )
-        worth = gain >= min_gain_pct
-        if not worth:
-            text = f"best candidate gains only {_pct(gain)}: {text}"
-        return SearchResult(best, best_pred, current, gain, worth, text, evaluated)
     if not best_pred.feasible:
-        improvement = (
-            (current.slo_ratio - best_pred.slo_ratio) / current.slo_ratio * 100.0
-            if math.isfinite(current.slo_ratio) and current.slo_ratio > 0
-            else 100.0
-        )
-        text = (
-            f"{best.describe()} is predicted to bring the worst SLO target from "
-            f"{current.slo_ratio:.0%} to {best_pred.slo_ratio:.0%} of its threshold "
-            f"(the best one step can do; {numbers})"
-        )
+        if math.isfinite(best_pred.slo_ratio):
+            improvement = (
+                (current.slo_ratio - best_pred.slo_ratio) / current.slo_ratio * 100.0
+                if math.isfinite(current.slo_ratio) and current.slo_ratio > 0
+                else 100.0
+            )
+            text = (
+                f"{best.describe()} is predicted to bring the worst SLO target from "
+                f"{current.slo_ratio:.0%} to {best_pred.slo_ratio:.0%} of its threshold "
+                f"(the best one step can do; {numbers})"
+            )
+            short = f"improves the SLO by only {improvement:.1f}%"
+        else:  # every candidate overloaded at this load: the most capacity comes closest
+            improvement = gain
+            text = (
+                f"{best.describe()} is the most capacity one step can reach, though no "
+                f"candidate is predicted to serve {workload.request_rate:.2f} req/s/pod "
+                f"within the SLO ({capacity}{_evidence_note(best, applied, residuals)})"
+            )
+            short = f"gains only {_pct(gain)}"
         worth = improvement >= min_gain_pct
         if not worth:
-            text = f"best candidate improves the SLO by only {improvement:.1f}%: {text}"
+            text = f"best candidate {short}: {text}"
         return SearchResult(best, best_pred, current, gain, worth, text, evaluated)
     if gain >= min_gain_pct:
         return SearchResult(
