@@ -573,7 +573,8 @@ def _sample_path(
 class _StepTable:
     """The step curve at `running` decodes plus 0..`room` prefill tokens, tabulated finely
     enough (512 intervals) that linear interpolation in plain floats reproduces the curve's
-    own piecewise-linear values; the walk looks one up per step."""
+    own piecewise-linear values: the time without the prefill's attention and the seconds per
+    attention pair, which the walk looks up (inline) for every step that carries prefill."""
 
     SIZE = 512
 
@@ -587,19 +588,6 @@ class _StepTable:
             self.values = curve(tokens).tolist()
             self.pair_s = [0.0] * (self.SIZE + 1)
         self.per_token = self.SIZE / room if room > 0 else 0.0
-
-    def at(self, chunk: float, pairs: float) -> float:
-        """The step with `chunk` prefill tokens whose attention covers `pairs` query-key
-        pairs."""
-        f = chunk * self.per_token
-        i = int(f)
-        if i >= self.SIZE:
-            base, per_pair = self.values[self.SIZE], self.pair_s[self.SIZE]
-        else:
-            lo, plo = self.values[i], self.pair_s[i]
-            base = lo + (self.values[i + 1] - lo) * (f - i)
-            per_pair = plo + (self.pair_s[i + 1] - plo) * (f - i)
-        return base + per_pair * pairs
 
 
 def _walk(
