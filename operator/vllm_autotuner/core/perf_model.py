@@ -25,8 +25,8 @@ from vllm_autotuner.core.knob_defaults import GIB, gpu_memory_gib
 from vllm_autotuner.core.physics import (
     FALLBACK_MODEL,
     DeploymentShape,
-    FloatArray,
     Physics,
+    StepCurveFn,
     lognormal_sigma,
     sim_gpu_name,
 )
@@ -563,7 +563,7 @@ CURVE_CACHE = 1024
 @lru_cache(maxsize=CURVE_CACHE)
 def _shared_curve(
     shape: DeploymentShape, bandwidth: float, compute: float, running: float, ctx: float
-) -> Callable[[FloatArray], FloatArray]:
+) -> StepCurveFn:
     """The step curve on rounded inputs, so a prediction never depends on what was cached."""
     return Physics.of(shape).step_curve(bandwidth, compute, running, ctx)
 
@@ -577,7 +577,7 @@ class _SharedCurves:
     bandwidth: float
     compute: float
 
-    def __call__(self, running: float, ctx_per_seq: float) -> Callable[[FloatArray], FloatArray]:
+    def __call__(self, running: float, ctx_per_seq: float) -> StepCurveFn:
         return _shared_curve(
             self.shape, self.bandwidth, self.compute, _grid(running), _grid(ctx_per_seq)
         )

@@ -279,7 +279,7 @@ def search(
         if slo_violated and p.capacity_rps > 0:
             # Overloaded at this load: the most capacity comes closest to serving it (after
             # every candidate that would serve it, however late).
-            c = correction(k, applied, residuals) if residuals else 0.0
+            c = correction(k, applied, residuals)
             return OVERLOADED_SCORE - math.log(p.capacity_rps) - c + 1e-3 * move
         return math.inf
 
@@ -351,10 +351,8 @@ def search(
         f"predicted capacity {best_pred.capacity_rps:.2f} req/s/pod vs {base:.2f} now "
         f"({_pct(gain)})"
     )
-    numbers = (
-        f"{capacity}, TTFT {best_pred.ttft_ms:.0f} ms, ITL {best_pred.itl_ms:.1f} ms"
-        + _evidence_note(best, applied, residuals)
-    )
+    note = _evidence_note(best, applied, residuals)
+    numbers = f"{capacity}, TTFT {best_pred.ttft_ms:.0f} ms, ITL {best_pred.itl_ms:.1f} ms{note}"
     if best.same_as(applied):
         return SearchResult(
             None,
@@ -393,7 +391,7 @@ def search(
             text = (
                 f"{best.describe()} is the most capacity one step can reach, though no "
                 f"candidate is predicted to serve {workload.request_rate:.2f} req/s/pod "
-                f"within the SLO ({capacity}{_evidence_note(best, applied, residuals)})"
+                f"within the SLO ({capacity}{note})"
             )
             short = f"gains only {_pct(gain)}"
         worth = improvement >= min_gain_pct

@@ -78,6 +78,11 @@ class Traffic:
     gen_p90: float
     prefix_hit_rate: float = 0.0
 
+    @property
+    def hit_share(self) -> float:
+        """The share of each prompt the prefix cache serves, kept within [0, 0.99]."""
+        return min(0.99, max(0.0, self.prefix_hit_rate))
+
 
 @dataclass(frozen=True)
 class Knobs3:
@@ -130,7 +135,7 @@ def _unstable(why: str, util: tuple[float, float, float]) -> SteadyState:
     )
 
 
-StepCurve = Callable[[float, float], Callable[[FloatArray], FloatArray]]
+StepCurve = Callable[[float, float], StepCurveFn]
 
 
 def _lognormal_quantile(mean: float, p90: float) -> Callable[[float], float]:
@@ -320,7 +325,7 @@ def _utilisation(
     running requests."""
     seqs_cap = float(knobs.max_seqs)
     p_mean = max(1.0, traffic.prompt_mean)
-    hit = min(0.99, max(0.0, traffic.prefix_hit_rate))
+    hit = traffic.hit_share
     kv_util = 0.0
     if knobs.kv_tokens is not None and knobs.kv_tokens > 0:
         # The running set's context fluctuates (how many run, how long each is): the cache
@@ -395,7 +400,7 @@ def _iterate_mean_step(
     lam = max(traffic.rate, 1e-9)
     g = max(1.0, traffic.gen_mean)
     p_mean = max(1.0, traffic.prompt_mean)
-    hit = min(0.99, max(0.0, traffic.prefix_hit_rate))
+    hit = traffic.hit_share
     # First guess of the mean step: decodes only, at Little's law's batch.
     t_mean = float(curve_at(1.0, ctx_per_seq)(np.array([1.0]))[0])
     position = _mean_position(traffic)
@@ -409,9 +414,9 @@ def _iterate_mean_step(
         room = max(1.0, budget - r_eff)
         busy = min(1.0, lam * t_mean * max(1.0, p_mean * (1 - hit) / room))
         chunk = prefill / busy
-        step = busy * _step_time(curve, r_eff + chunk, chunk * position)
+        step = busy * curve.step(r_eff + chunk, chunk * position)
         if busy < 1.0:
-            step += (1.0 - busy) * _step_time(curve, r_eff, 0.0)
+            step += (1.0 - busy) * curve.step(r_eff, 0.0)
         t_new = step + admit_s * lam * t_mean
         if abs(t_new - t_mean) < 1e-4 * t_mean:
             t_mean = t_new
@@ -424,16 +429,9 @@ def _mean_position(traffic: Traffic) -> float:
     """How many tokens a computed prefill token attends to on average: its position in the
     prompt, cached prefix included (a share `hit` of each prompt; log-normal lengths, so the
     token-weighted mean of P is E[P²]/E[P] = mean x exp(sigma²))."""
-    hit = min(0.99, max(0.0, traffic.prefix_hit_rate))
+    hit = traffic.hit_share
     sigma = traffic.prompt_sigma
     return 0.5 * (1.0 + hit) * max(1.0, traffic.prompt_mean) * math.exp(sigma * sigma)
-
-
-def _step_time(curve: Callable[[FloatArray], FloatArray], tokens: float, pairs: float) -> float:
-    """One step of `tokens` whose prefill attention covers `pairs` query-key pairs."""
-    if isinstance(curve, StepCurveFn):
-        return curve.step(tokens, pairs)
-    return float(curve(np.array([tokens]))[0])
 
 
 def _path(
@@ -469,7 +467,7 @@ def _sample_distributions(
 ) -> _Path:
     """Step times, inter-token gaps and first tokens on one sample path at `r_eff` decodes."""
     p_mean = max(1.0, traffic.prompt_mean)
-    hit = min(0.99, max(0.0, traffic.prefix_hit_rate))
+    hit = traffic.hit_share
     room = max(1.0, budget - r_eff)
     curve = curve_at(r_eff, ctx_per_seq)
     t_steps, ttft_samples, prefill_mean = _sample_path(
@@ -527,7 +525,7 @@ def _sample_path(
     hit: float,
     running: float,
     room: float,
-    curve: Callable[[FloatArray], FloatArray],
+    curve: StepCurveFn,
     t_mean: float,
     costs: Costs,
 ) -> tuple[FloatArray, FloatArray, float]:
@@ -578,15 +576,10 @@ class _StepTable:
 
     SIZE = 512
 
-    def __init__(self, curve: Callable[[FloatArray], FloatArray], running: float, room: float):
-        xs = np.linspace(0.0, room, self.SIZE + 1)
-        tokens = running + xs
-        if isinstance(curve, StepCurveFn):
-            self.values: list[float] = curve.without_prefill_attention(tokens).tolist()
-            self.pair_s: list[float] = curve.pair_seconds(tokens).tolist()
-        else:  # a plain curve (tests): its own attention, nothing per pair
-            self.values = curve(tokens).tolist()
-            self.pair_s = [0.0] * (self.SIZE + 1)
+    def __init__(self, curve: StepCurveFn, running: float, room: float):
+        tokens = running + np.linspace(0.0, room, self.SIZE + 1)
+        self.values: list[float] = curve.without_prefill_attention(tokens).tolist()
+        self.pair_s: list[float] = curve.pair_seconds(tokens).tolist()
         self.per_token = self.SIZE / room if room > 0 else 0.0
 
 
@@ -656,7 +649,7 @@ def _walk(
                 done[head] = k
                 head += 1
                 left_of_head = prompt[head] if head < n_arr else 0.0
-        # _StepTable.at, inlined: this runs for every step that carries prefill.
+        # The table's step at `chunk` tokens and `pairs` (inline: every prefill step).
         f = chunk * per_token
         j = int(f)
         if j >= size:
