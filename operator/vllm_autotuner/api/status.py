@@ -13,7 +13,9 @@ from pydantic import Field
 
 from vllm_autotuner.api.common import (
     Condition,
+    GpuMemoryUtilization,
     Knobs,
+    MaxNumBatchedTokens,
     Mode,
     StatusModel,
     Timestamp,
@@ -35,6 +37,7 @@ TrialOutcome = Literal["Pending", "Committed", "RolledBack", "Crashed", "NotRead
 
 MAX_TRIALS = 20
 MAX_INFEASIBLE = 50
+MAX_PROOFS = 8  # core/memory.py keeps at most as many
 
 
 class Prediction(StatusModel):
@@ -107,6 +110,13 @@ class InfeasibleConfig(StatusModel):
     )
 
 
+class MemoryProof(StatusModel):
+    """A token budget and gpu_memory_utilization that served a whole window without a crash."""
+
+    max_num_batched_tokens: MaxNumBatchedTokens = Field(alias="maxNumBatchedTokens")
+    gpu_memory_utilization: GpuMemoryUtilization = Field(alias="gpuMemoryUtilization")
+
+
 class CanaryAnalysis(StatusModel):
     """The canary pod against the baseline pods over the same window (same traffic)."""
 
@@ -156,7 +166,18 @@ class TuningStatus(StatusModel):
     rollouts_today: int | None = Field(default=None, alias="rolloutsToday", ge=0)
     rollout_day: date | None = Field(default=None, alias="rolloutDay")
     stable_gpu_memory_utilization: float | None = Field(
-        default=None, alias="stableGpuMemoryUtilization", gt=0, le=1
+        default=None,
+        alias="stableGpuMemoryUtilization",
+        gt=0,
+        le=1,
+        description="The highest gpuMemoryUtilization proven stable, at any token budget.",
+    )
+    proven_memory: list[MemoryProof] = Field(
+        default_factory=list,
+        alias="provenMemory",
+        max_length=MAX_PROOFS,
+        description="The memory proven stable: each entry's gpuMemoryUtilization is safe at "
+        "its maxNumBatchedTokens and below. A rollout past these is a memory experiment.",
     )
     trials: list[Trial] = Field(default_factory=list, max_length=MAX_TRIALS)
     infeasible: list[InfeasibleConfig] = Field(default_factory=list, max_length=MAX_INFEASIBLE)

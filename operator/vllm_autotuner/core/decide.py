@@ -23,6 +23,7 @@ from vllm_autotuner.core.economics import (
     worth_restart,
 )
 from vllm_autotuner.core.evidence import evidence_of
+from vllm_autotuner.core.memory import ProvenMemory
 from vllm_autotuner.core.perf_model import (
     Calibration,
     PerformanceModel,
@@ -41,7 +42,7 @@ from vllm_autotuner.core.rollout import (
     rollout_progress,
     worst_ratio,
 )
-from vllm_autotuner.core.search import SearchResult, allowed, gmu_ceiling, is_forbidden, search
+from vllm_autotuner.core.search import SearchResult, allowed, is_forbidden, search
 from vllm_autotuner.core.search_memo import SearchInputs, SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.steady_state import shared_evaluations
@@ -377,9 +378,7 @@ def _conclude_trial(
         if trial is not None:
             measured_state = measured_state.with_trial(replace(trial, measured=measured))
         if _served_its_window(state, now):
-            measured_state = replace(
-                measured_state, stable_gpu_memory_utilization=_proven_gmu(state, cand)
-            )
+            measured_state = replace(measured_state, proven_memory=_proven(state, cand))
         return _rollback(state, now, "RolledBack", "Regression", verdict.reason, measured_state)
     s = state
     if trial is not None:
@@ -397,7 +396,7 @@ def _conclude_trial(
         strategy="Rolling",
         rollout_started_at=None,
         verify_until=None,
-        stable_gpu_memory_utilization=_proven_gmu(state, cand),
+        proven_memory=_proven(state, cand),
         baseline=measured,
         calibration=state.calibration if cal is None else cal.to_dict(),
         analysis=analysis,
@@ -411,13 +410,14 @@ def _served_its_window(state: TuningState, now: datetime) -> bool:
     return state.verify_until is not None and now >= state.verify_until
 
 
-def _proven_gmu(state: TuningState, cand: Knobs) -> float:
+def _proven(state: TuningState, cand: Knobs) -> ProvenMemory:
     """The memory proven stable once `cand` served a whole verify window without a crash or
     an OOM kill: what a commit proves, and what a candidate rejected at the end of its window
     for too small a gain proves as well (it ran as long, on the same traffic). Counting only
     commits kept kv-bound-8b-a100-40gb at 0.94 after three trials there, two of which had run
-    0.94 for their whole windows, where the oracle's 0.97 serves 4 % more."""
-    return max(state.stable_gmu(), cand.gpu_memory_utilization)
+    0.94 for their whole windows, where the oracle's 0.97 serves 4 % more. The proof holds at
+    `cand`'s token budget (core/memory.py)."""
+    return state.memory().with_proof(cand)
 
 
 # ------------------------------------------------------------------------------------ canary
@@ -666,9 +666,9 @@ def _late_failure(
     under some traffic): go back to the one before it and never try this one again."""
     applied = state.applied
     s = state.with_infeasible(InfeasibleConfig(applied, failing.reason, now, failing.kind))
-    stable = s.stable_gpu_memory_utilization
-    if failing.kind == "OOMKilled" and (stable is None or stable >= applied.gpu_memory_utilization):
-        stable = fallback.gpu_memory_utilization  # what was "proven stable" was not
+    memory = s.memory()
+    if failing.kind == "OOMKilled":
+        memory = memory.without_claims_on(applied)  # what was "proven stable" was not
     s = replace(
         s,
         applied=fallback,
@@ -679,7 +679,7 @@ def _late_failure(
         verify_until=None,
         baseline=None,
         recommendation=None,
-        stable_gpu_memory_utilization=stable,
+        proven_memory=memory,
     )
     text = (
         f"rolled back to {fallback.describe()}: the committed {applied.describe()} failed "
@@ -989,9 +989,8 @@ def _memo_answers(
         return True
     # Exploration steps pass the same check: they keep gpu_memory_utilization and
     # max_num_seqs <= max_num_batched_tokens, inside bounds and maxStep.
-    gmu_max = gmu_ceiling(inputs.applied, inputs.stable_gmu, inputs.gmu_rise_step)
     legal = allowed(
-        best, inputs.applied, policy.bounds, gmu_max, inputs.infeasible, inputs.stable_gmu
+        best, inputs.applied, policy.bounds, inputs.memory, inputs.gmu_rise_step, inputs.infeasible
     )
     return legal is None
 
@@ -1022,7 +1021,7 @@ def _conclude(
             calibration=cal,
             diagnosis=guide,
             infeasible=state.infeasible,
-            stable_gmu=state.stable_gmu(),
+            memory=state.memory(),
             gmu_rise_step=policy.gmu_rise_step,
             min_gain_pct=policy.min_gain_pct,
             slo_violated=diag.violates_slo,

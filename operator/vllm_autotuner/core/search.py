@@ -6,7 +6,8 @@ lattice of a few steps per knob around the applied knobs. Safety rules are hard 
 never traded for predicted gain:
 
 - inside the policy's bounds and within max_step of the applied knobs;
-- gpu_memory_utilization at most `gmu_rise_step` above the last value proven stable;
+- gpu_memory_utilization at most `gmu_rise_step` above what is proven stable at the candidate's
+  token budget (core/memory.py), and not past it together with a larger budget;
 - max_num_batched_tokens >= max_num_seqs (vLLM refuses to start otherwise, vLLM arg_utils.py);
 - not a known-infeasible configuration nor in its forbidden neighbourhood (same or higher
   gpu_memory_utilization with a same-or-larger token budget than one that crashed, OOM-ed or
@@ -28,6 +29,7 @@ import numpy as np
 
 from vllm_autotuner.core.diagnosis import Diagnosis
 from vllm_autotuner.core.evidence import TrialEvidence, correction, paired_residual, residual
+from vllm_autotuner.core.memory import ProvenMemory
 from vllm_autotuner.core.perf_model import (
     Calibration,
     PerformanceModel,
@@ -103,9 +105,10 @@ def is_forbidden(knobs: Knobs, infeasible: Iterable[InfeasibleConfig]) -> str | 
     return None
 
 
-def gmu_ceiling(applied: Knobs, stable_gmu: float, rise_step: float) -> float:
-    """The highest gpu_memory_utilization a rollout may set (never forces a decrease)."""
-    return max(applied.gpu_memory_utilization, stable_gmu + rise_step)
+def gmu_ceiling(applied: Knobs, memory: ProvenMemory, rise_step: float) -> float:
+    """The highest gpu_memory_utilization a rollout may set at any token budget (never forces
+    a decrease); `allowed` holds each budget to its own."""
+    return max(applied.gpu_memory_utilization, memory.highest() + rise_step)
 
 
 def _grain(value: float, grain: float) -> float:
@@ -191,40 +194,39 @@ def allowed(
     k: Knobs,
     applied: Knobs,
     bounds: Bounds,
-    gmu_max: float,
+    memory: ProvenMemory,
+    rise_step: float,
     infeasible: Sequence[InfeasibleConfig],
-    proven_gmu: float,
 ) -> str | None:
     """Why `k` violates a hard constraint (None when it is a legal proposal)."""
     if not bounds.contains(k):
         return "outside bounds"
     if not bounds.within_step(applied, k):
         return "more than maxStep from applied"
-    if (
-        k.gpu_memory_utilization > gmu_max + GMU_EPSILON
-        and k.gpu_memory_utilization > applied.gpu_memory_utilization + GMU_EPSILON
+    if memory_experiment(k, memory) > rise_step + GMU_EPSILON:
+        return "gpu_memory_utilization above what is proven stable at its token budget plus a step"
+    if memory_experiment(k, memory) > GMU_EPSILON and (
+        k.max_num_batched_tokens > applied.max_num_batched_tokens
     ):
-        return "gpu_memory_utilization above the proven-stable value plus its step"
-    if _untried_memory_with_more_tokens(k, applied, proven_gmu):
-        return "gpu_memory_utilization above the proven-stable value with a larger token budget"
+        return "gpu_memory_utilization above what is proven stable with a larger token budget"
     if k.max_num_batched_tokens < k.max_num_seqs:
         return "maxNumBatchedTokens below maxNumSeqs"
     return is_forbidden(k, infeasible)
 
 
-def _untried_memory_with_more_tokens(k: Knobs, applied: Knobs, proven_gmu: float) -> bool:
-    """A rollout that takes gpu_memory_utilization past what is proven stable must not also
-    raise the token budget: vLLM sizes the KV cache after profiling activations at the
-    budget, so both add to the memory a pod needs at run time, and an OOM from a rollout that
-    raised both cannot say which to undo. One memory experiment at a time. On bench/tuning's
-    kv-bound-8b-a100-40gb, 0.94 proven at 320 tokens let 2048/0.92 go to 2368/0.96, which the
-    reality's OOM hazard (above 0.95 with 2,048 tokens or more) killed; the moves that won
-    there (to 384/0.97 and 256/0.96) lower the budget."""
-    above = max(proven_gmu, applied.gpu_memory_utilization) + GMU_EPSILON
-    return (
-        k.gpu_memory_utilization > above
-        and k.max_num_batched_tokens > applied.max_num_batched_tokens
-    )
+def memory_experiment(k: Knobs, memory: ProvenMemory) -> float:
+    """How far `k`'s gpu_memory_utilization goes past what is proven stable at its token budget
+    (core/memory.py); 0 or less when no proof is needed.
+
+    Such a rollout must not also raise the token budget: vLLM sizes the KV cache after
+    profiling activations at the budget, so both add to the memory a pod needs at run time,
+    and an OOM from a rollout that raised both cannot say which to undo. One memory experiment
+    at a time. On bench/tuning's kv-bound-8b-a100-40gb, 0.94 proven at 320 tokens let
+    2048/0.92 go to 2368/0.96, which the reality's OOM hazard (above 0.95 with 2,048 tokens or
+    more) killed; the moves that won there (to 384/0.97 and 256/0.96) lower the budget."""
+    if memory.covers(k):
+        return 0.0
+    return k.gpu_memory_utilization - memory.at(k.max_num_batched_tokens)
 
 
 @shared_evaluations()  # candidates re-walk each other's rates: same numbers, less work
@@ -237,7 +239,7 @@ def search(
     calibration: Calibration,
     diagnosis: Diagnosis | None,
     infeasible: Sequence[InfeasibleConfig],
-    stable_gmu: float,
+    memory: ProvenMemory,
     gmu_rise_step: float,
     min_gain_pct: float,
     slo_violated: bool,
@@ -249,7 +251,7 @@ def search(
     box, then a finer pass around its best (so a budget can go from 8192 to 704 in one move
     when the model says so). Candidates' capacities answer to what finished trials measured
     (`evidence`, core/evidence.py). Deterministic for the same inputs."""
-    gmu_max = gmu_ceiling(applied, stable_gmu, gmu_rise_step)
+    gmu_max = gmu_ceiling(applied, memory, gmu_rise_step)
     screened = isinstance(model, Screened)
     stage_model, stage_cal = (
         model.screen(calibration) if isinstance(model, Screened) else (model, calibration)
@@ -292,7 +294,7 @@ def search(
     def score(k: Knobs) -> float:
         key = (k.max_num_batched_tokens, k.max_num_seqs, k.gpu_memory_utilization)
         if key not in cache:
-            if allowed(k, applied, bounds, gmu_max, infeasible, stable_gmu) is not None:
+            if allowed(k, applied, bounds, memory, gmu_rise_step, infeasible) is not None:
                 cache[key] = (math.inf, None)
             else:
                 p = predicted(k)

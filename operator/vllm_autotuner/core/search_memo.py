@@ -7,7 +7,7 @@ evaluation window, so two snapshots taken a reconcile interval apart share most 
 and a rollout cannot follow a conclusion faster than the policy's minInterval anyway.
 
 A memo answers again only while everything the search's hard constraints depend on is
-unchanged (applied knobs, bounds, known-infeasible configurations, the proven-stable memory
+unchanged (applied knobs, bounds, known-infeasible configurations, the memory proven stable
 level, the diagnosis' kind and directions, which SLO targets are violated, what finished trials
 measured), the workload and
 the calibration have not drifted by more than `DRIFT`, and it is younger than the evaluation
@@ -21,6 +21,7 @@ from datetime import datetime
 
 from vllm_autotuner.core.diagnosis import Diagnosis, Directions
 from vllm_autotuner.core.evidence import TrialEvidence, evidence_of
+from vllm_autotuner.core.memory import ProvenMemory
 from vllm_autotuner.core.perf_model import Calibration, Workload
 from vllm_autotuner.core.search import SearchResult
 from vllm_autotuner.core.tuning_types import (
@@ -52,7 +53,7 @@ class SearchInputs:
     safety_margin: float
     min_gain_pct: float
     gmu_rise_step: float
-    stable_gmu: float
+    memory: ProvenMemory
     infeasible: tuple[InfeasibleConfig, ...]
     diagnosis_kind: str
     directions: Directions
@@ -71,7 +72,7 @@ class SearchInputs:
             safety_margin=policy.safety_margin,
             min_gain_pct=policy.min_gain_pct,
             gmu_rise_step=policy.gmu_rise_step,
-            stable_gmu=state.stable_gmu(),
+            memory=state.memory(),
             infeasible=tuple(state.infeasible),
             diagnosis_kind=diagnosis.kind,
             directions=diagnosis.directions,

@@ -17,6 +17,9 @@ from datetime import UTC, datetime, time, timedelta
 from typing import Any, Literal, cast
 from zoneinfo import ZoneInfo
 
+from .memory import GMU_EPSILON as GMU_EPSILON
+from .memory import ProvenMemory
+
 Mode = Literal["Off", "Recommend", "Auto"]
 Phase = Literal[
     "Idle",
@@ -40,9 +43,6 @@ EventType = Literal["Normal", "Warning"]
 # Why a configuration is remembered as bad. The first three are hidden constraints (memory,
 # start-up): they forbid a whole neighbourhood. A regression only forbids the exact knobs.
 InfeasibleKind = Literal["OOMKilled", "Crashed", "NotReady", "Regression"]
-
-# Knobs closer than this in gpu_memory_utilization are the same configuration.
-GMU_EPSILON = 1e-6
 
 
 # --------------------------------------------------------------------------------------- knobs
@@ -596,7 +596,9 @@ class TuningState:
     last_rollout_at: datetime | None = None
     rollouts_today: int = 0
     rollout_day: str | None = None
-    stable_gpu_memory_utilization: float | None = None
+    # The (token budget, gpu_memory_utilization) pairs proven stable (core/memory.py); the
+    # last good knobs count as proven besides (memory()).
+    proven_memory: ProvenMemory = field(default_factory=ProvenMemory)
     trials: tuple[Trial, ...] = ()
     infeasible: tuple[InfeasibleConfig, ...] = ()
     baseline: Measured | None = None
@@ -615,11 +617,13 @@ class TuningState:
         """The state of a deployment that just started on `knobs` (not yet proven stable)."""
         return cls(applied=knobs, last_good=knobs)
 
+    def memory(self) -> ProvenMemory:
+        """The memory proven stable: the recorded proofs and the last good knobs."""
+        return self.proven_memory.with_proof(self.last_good)
+
     def stable_gmu(self) -> float:
-        """The highest gpu_memory_utilization proven stable (last_good's until one is)."""
-        if self.stable_gpu_memory_utilization is not None:
-            return self.stable_gpu_memory_utilization
-        return self.last_good.gpu_memory_utilization
+        """The highest gpu_memory_utilization proven stable, at any token budget."""
+        return self.memory().highest()
 
     def with_trial(self, trial: Trial) -> TuningState:
         trials = (*tuple(t for t in self.trials if t.id != trial.id), trial)
@@ -651,7 +655,8 @@ class TuningState:
             "lastRolloutAt": _iso(self.last_rollout_at),
             "rolloutsToday": self.rollouts_today,
             "rolloutDay": self.rollout_day,
-            "stableGpuMemoryUtilization": self.stable_gpu_memory_utilization,
+            "stableGpuMemoryUtilization": self.stable_gmu(),
+            "provenMemory": self.memory().to_list(),
             "trials": [t.to_dict() for t in self.trials],
             "infeasible": [i.to_dict() for i in self.infeasible],
             "baseline": None if self.baseline is None else self.baseline.to_dict(),
@@ -682,7 +687,7 @@ class TuningState:
             last_rollout_at=_parse(d.get("lastRolloutAt")),
             rollouts_today=int(d.get("rolloutsToday") or 0),
             rollout_day=d.get("rolloutDay"),
-            stable_gpu_memory_utilization=_opt_float(d.get("stableGpuMemoryUtilization")),
+            proven_memory=_proven_memory(d),
             trials=tuple(Trial.from_dict(t) for t in d.get("trials") or ()),
             infeasible=tuple(InfeasibleConfig.from_dict(i) for i in d.get("infeasible") or ()),
             baseline=None if base is None else Measured.from_dict(base),
@@ -693,6 +698,18 @@ class TuningState:
             analysis=None if not d.get("analysis") else CanaryAnalysis.from_dict(d["analysis"]),
             model_check=None if not d.get("model") else ModelCheck.from_dict(d["model"]),
         )
+
+
+def _proven_memory(d: Mapping[str, Any]) -> ProvenMemory:
+    """provenMemory; from a status written before it, the one utilization it kept, at the
+    last good token budget (the only budget that status can vouch for)."""
+    if d.get("provenMemory"):
+        return ProvenMemory.from_list(d["provenMemory"])
+    stable = _opt_float(d.get("stableGpuMemoryUtilization"))
+    if stable is None:
+        return ProvenMemory()
+    last = Knobs.from_dict(d.get("lastGood") or d["applied"])
+    return ProvenMemory.of([(last.max_num_batched_tokens, stable)])
 
 
 # ----------------------------------------------------------------------------------- observe

@@ -30,6 +30,7 @@ from tests.unit.core.test_decide import (
 from vllm_autotuner.api.deployment import VLLMDeploymentSpec
 from vllm_autotuner.core import render
 from vllm_autotuner.core.decide import Decision, decide
+from vllm_autotuner.core.memory import ProvenMemory
 from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.rollout import adopt_unrecorded
 from vllm_autotuner.core.snapshot import LatencySummary, Observation, Snapshot, defect
@@ -138,7 +139,7 @@ def _oom(knobs: Knobs) -> tuple[PodHealth, ...]:
 
 
 def test_a_committed_configuration_oom_killed_later_is_rolled_back_and_remembered() -> None:
-    state = _committed(GOOD, stable_gpu_memory_utilization=0.9)
+    state = _committed(GOOD, proven_memory=ProvenMemory.of([(GOOD.max_num_batched_tokens, 0.9)]))
     snap = make_snapshot(GOOD)
     decision = decide_with_origin(state, snap, _oom(GOOD), origin=KNOBS)
     assert decision.action == "rollback"
@@ -147,6 +148,7 @@ def test_a_committed_configuration_oom_killed_later_is_rolled_back_and_remembere
     assert new.applied == new.last_good == KNOBS
     assert [(i.knobs, i.kind) for i in new.infeasible] == [(GOOD, "OOMKilled")]
     assert new.stable_gmu() <= KNOBS.gpu_memory_utilization
+    assert not new.proven_memory.covers(GOOD)  # the proof that claimed GOOD safe is gone
     assert new.trials[0].outcome == "Committed"  # history is not rewritten
 
 

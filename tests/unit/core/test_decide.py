@@ -15,6 +15,7 @@ import pytest
 
 from tests.unit.core.shared_model import SharedModel
 from vllm_autotuner.core.decide import Decision, decide
+from vllm_autotuner.core.memory import ProvenMemory
 from vllm_autotuner.core.snapshot import (
     KVCacheInfo,
     LatencySummary,
@@ -316,17 +317,19 @@ def _window_served(cand: Knobs, **kw: Any) -> TuningState:
         rolling_state(cand),
         phase="Verifying",
         verify_until=NOW,
-        stable_gpu_memory_utilization=0.92,
+        proven_memory=ProvenMemory.of([(cand.max_num_batched_tokens, 0.92)]),
         **kw,
     )
 
 
-def test_commit_raises_the_stable_gpu_memory_utilization() -> None:
+def test_commit_proves_the_candidates_memory_at_its_token_budget() -> None:
     cand = Knobs(8192, 1024, 0.94)
     state = _window_served(cand)
     d = run(state, make_snapshot(cand), now=NOW + timedelta(seconds=1), pods=ready_pods(cand))
     assert d.action == "commit", d.reason
-    assert d.new_state.stable_gpu_memory_utilization == pytest.approx(0.94)
+    assert d.new_state.stable_gmu() == pytest.approx(0.94)
+    assert d.new_state.memory().covers(cand)
+    assert d.new_state.memory().at(8192) == pytest.approx(0.94)
 
 
 def test_a_violation_at_another_load_is_judged_against_the_model_at_that_load() -> None:
@@ -448,5 +451,5 @@ def test_a_candidate_rejected_after_its_whole_window_proves_its_memory() -> None
     d = run(state, worse, now=NOW + timedelta(seconds=1), pods=ready_pods(cand))
     assert d.action == "rollback", d.reason
     assert d.new_state.trials[-1].outcome == "RolledBack"
-    assert d.new_state.stable_gpu_memory_utilization == pytest.approx(0.94)
+    assert d.new_state.memory().covers(cand)
     assert d.new_state.applied == state.last_good

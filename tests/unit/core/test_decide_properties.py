@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tests.unit.core.shared_model import SharedModel, scaled
 from tests.unit.core.test_decide import CTX, NOW, make_policy, make_snapshot
 from vllm_autotuner.core.decide import Decision, decide
+from vllm_autotuner.core.memory import ProvenMemory
 from vllm_autotuner.core.rollout import roll_day
 from vllm_autotuner.core.search import is_forbidden
 from vllm_autotuner.core.snapshot import Observation, Snapshot
@@ -111,7 +112,14 @@ def scenario(draw: st.DrawFn) -> dict[str, Any]:
         ),
         rollouts_today=draw(st.integers(0, 5)),
         rollout_day=draw(st.sampled_from([None, now.strftime("%Y-%m-%d"), "2026-01-01"])),
-        stable_gpu_memory_utilization=draw(st.one_of(st.none(), st.floats(0.5, 0.95))),
+        proven_memory=ProvenMemory.of(
+            draw(
+                st.lists(
+                    st.tuples(st.integers(b.mnbt.min, b.mnbt.max), st.floats(0.5, 0.95)),
+                    max_size=4,
+                )
+            )
+        ),
         trials=(Trial(1, applied, NOW),) if rolling else (),
         infeasible=infeasible,
     )
@@ -226,12 +234,14 @@ def assert_safe(
     assert policy.bounds.contains(k)
     assert policy.bounds.within_step(state.applied, k)
     assert is_forbidden(k, state.infeasible) is None
-    ceiling = max(state.applied.gpu_memory_utilization, state.stable_gmu() + policy.gmu_rise_step)
-    assert k.gpu_memory_utilization <= ceiling + 1e-9
-    # One memory experiment at a time: past the proven utilisation, never more tokens too.
-    proven = max(state.applied.gpu_memory_utilization, state.stable_gmu())
-    if k.gpu_memory_utilization > proven + 1e-9:
-        assert k.max_num_batched_tokens <= state.applied.max_num_batched_tokens
+    # Memory: at most one step past what is proven at the candidate's token budget, and one
+    # memory experiment at a time (past the proof, never more tokens too).
+    memory = state.memory()
+    if not memory.covers(k):
+        proven = memory.at(k.max_num_batched_tokens)
+        assert k.gpu_memory_utilization <= proven + policy.gmu_rise_step + 1e-9
+        if k.gpu_memory_utilization > proven + 1e-9:
+            assert k.max_num_batched_tokens <= state.applied.max_num_batched_tokens
     assert k.max_num_batched_tokens >= k.max_num_seqs
     # Budget, cooldown, windows.
     rolled = roll_day(state, now)

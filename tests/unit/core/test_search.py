@@ -9,6 +9,7 @@ import pytest
 from tests.unit.core.test_decide import BOUNDS, CTX, KNOBS, SLO_DEFAULT, make_snapshot
 from vllm_autotuner.core.diagnosis import diagnose
 from vllm_autotuner.core.evidence import TrialEvidence
+from vllm_autotuner.core.memory import ProvenMemory
 from vllm_autotuner.core.perf_model import AnalyticModel, Workload
 from vllm_autotuner.core.search import SearchResult, allowed, is_forbidden, search
 from vllm_autotuner.core.snapshot import KVCacheInfo, Snapshot
@@ -30,7 +31,7 @@ def run_search(
     knobs: Knobs = KNOBS,
     bounds: Bounds = BOUNDS,
     infeasible: tuple[InfeasibleConfig, ...] = (),
-    stable_gmu: float | None = None,
+    memory: ProvenMemory | None = None,
     min_gain_pct: float = 5.0,
     evidence: tuple[TrialEvidence, ...] = (),
 ) -> SearchResult:
@@ -46,7 +47,7 @@ def run_search(
         calibration=cal,
         diagnosis=diag,
         infeasible=infeasible,
-        stable_gmu=knobs.gpu_memory_utilization if stable_gmu is None else stable_gmu,
+        memory=ProvenMemory().with_proof(knobs) if memory is None else memory,
         gmu_rise_step=0.02,
         min_gain_pct=min_gain_pct,
         slo_violated=diag.violates_slo,
@@ -92,7 +93,7 @@ def test_concurrency_bound_raises_max_num_seqs() -> None:
 def test_kv_bound_may_raise_memory_only_a_little_above_stable() -> None:
     knobs = Knobs(8192, 256, 0.88)
     snap = make_snapshot(knobs, kv_max=0.98, preemption_rate=1.0)
-    r = run_search(snap, knobs, stable_gmu=0.88)
+    r = run_search(snap, knobs, memory=ProvenMemory.of([(knobs.max_num_batched_tokens, 0.88)]))
     if r.best is not None:
         assert r.best.gpu_memory_utilization <= 0.88 + 0.02 + 1e-9
         assert r.best.max_num_seqs <= knobs.max_num_seqs
@@ -145,24 +146,52 @@ MEMORY_BOUNDS = Bounds(
 )
 
 
+PROVEN_AT_320 = ProvenMemory.of([(320, 0.94), (2048, 0.92)])
+
+
 def test_memory_past_the_proven_value_never_comes_with_more_tokens() -> None:
-    """kv-bound-8b-a100-40gb's crash: 0.94 proven at a small budget, applied 2048/0.92. A
-    candidate above 0.94 may lower the token budget, never raise it."""
+    """kv-bound-8b-a100-40gb's crash: 0.94 proven at 320 tokens, applied 2048/0.92. A
+    candidate above what its budget has proven may lower the token budget, never raise it."""
     applied = Knobs(2048, 256, 0.92)
     for k, why in (
-        (Knobs(2368, 256, 0.96), "larger token budget"),
-        (Knobs(2048, 256, 0.96), None),
+        (Knobs(2368, 256, 0.96), "plus a step"),
+        (Knobs(2368, 256, 0.94), "larger token budget"),  # 0.94 is proven at 320 only
+        (Knobs(2048, 256, 0.94), None),
+        (Knobs(2048, 256, 0.96), "plus a step"),
+        (Knobs(640, 256, 0.96), None),  # within the reach of the proof at 320
         (Knobs(256, 256, 0.96), None),
-        (Knobs(2368, 256, 0.94), None),  # proven memory, more tokens: allowed
+        (Knobs(4096, 256, 0.92), None),  # the largest budget's proof reaches twice as far
+        (Knobs(8192, 256, 0.92), None),  # beyond every reach: its utilization, no higher
+        (Knobs(8192, 256, 0.93), "larger token budget"),
     ):
-        got = allowed(k, applied, MEMORY_BOUNDS, 0.96, (), proven_gmu=0.94)
+        got = allowed(k, applied, MEMORY_BOUNDS, PROVEN_AT_320, 0.02, ())
         assert (got is None) == (why is None), (k, got)
         if why is not None:
             assert got is not None and why in got
     snap = make_snapshot(applied, kv_max=0.99, preemption_rate=0.2, ttft_p95=3000.0)
-    r = run_search(snap, applied, bounds=MEMORY_BOUNDS, stable_gmu=0.94)
-    if r.best is not None and r.best.gpu_memory_utilization > 0.94 + 1e-9:
+    r = run_search(snap, applied, bounds=MEMORY_BOUNDS, memory=PROVEN_AT_320)
+    if r.best is not None and r.best.gpu_memory_utilization > 0.92 + 1e-9:
         assert r.best.max_num_batched_tokens <= applied.max_num_batched_tokens
+
+
+def test_a_utilization_proven_at_a_small_budget_does_not_carry_to_a_large_one() -> None:
+    """kv-bound-8b-a100-40gb, traffic seed 205: 0.96 proven at 256 tokens, then a rollout from
+    256/0.96 to 2368/0.96 passed its canary and crashed after promotion (the reality's OOM
+    hazard above 0.95 with 2,048 tokens or more). Only budgets a proof reaches may keep 0.96."""
+    applied = Knobs(256, 256, 0.96)
+    memory = ProvenMemory.of([(2048, 0.92), (256, 0.96)])
+    for k, why in (
+        (Knobs(2368, 256, 0.96), "plus a step"),
+        (Knobs(2368, 256, 0.94), "larger token budget"),
+        (Knobs(2368, 256, 0.92), None),
+        (Knobs(512, 256, 0.96), None),
+        (Knobs(512, 256, 0.97), "larger token budget"),
+        (Knobs(256, 128, 0.97), None),
+    ):
+        got = allowed(k, applied, MEMORY_BOUNDS, memory, 0.02, ())
+        assert (got is None) == (why is None), (k, got)
+        if why is not None:
+            assert got is not None and why in got
 
 
 KV_70B = DeploymentContext(
@@ -215,7 +244,7 @@ def test_an_overload_no_candidate_can_serve_still_moves_to_the_most_capacity(
         calibration=model.calibrate(snap, knobs, KV_70B, w, None),
         diagnosis=diag,
         infeasible=(),
-        stable_gmu=0.90,
+        memory=ProvenMemory().with_proof(knobs),
         gmu_rise_step=0.03,
         min_gain_pct=5.0,
         slo_violated=True,
