@@ -365,6 +365,20 @@ def search(
             f"current knobs are the best of {evaluated} evaluated ({numbers})",
             evaluated,
         )
+    if slo_violated and best_pred.feasible and gain <= 0:
+        # Meets the SLO at this load with the margin where the current knobs do not, yet serves
+        # no more: the two predictions differ only in headroom at this load, which is within
+        # the model's error. bench/tuning made four such rollouts over ten runs; none won.
+        return SearchResult(
+            best,
+            best_pred,
+            current,
+            gain,
+            False,
+            f"best candidate {best.describe()} is predicted to meet the SLO at this load but "
+            f"to serve no more than the current knobs ({numbers})",
+            evaluated,
+        )
     if slo_violated and best_pred.feasible:
         return SearchResult(
             best,

@@ -10,7 +10,7 @@ from tests.unit.core.test_decide import BOUNDS, CTX, KNOBS, SLO_DEFAULT, make_sn
 from vllm_autotuner.core.diagnosis import diagnose
 from vllm_autotuner.core.evidence import TrialEvidence
 from vllm_autotuner.core.memory import ProvenMemory
-from vllm_autotuner.core.perf_model import AnalyticModel, Workload
+from vllm_autotuner.core.perf_model import AnalyticModel, Calibration, Prediction, Workload
 from vllm_autotuner.core.search import SearchResult, allowed, is_forbidden, search
 from vllm_autotuner.core.snapshot import KVCacheInfo, Snapshot
 from vllm_autotuner.core.tuning_types import (
@@ -255,3 +255,53 @@ def test_an_overload_no_candidate_can_serve_still_moves_to_the_most_capacity(
     assert r.prediction.feasible == (rate < 1.0), r.reason
     if rate > 1.0:
         assert "no candidate is predicted to serve 1.50 req/s/pod" in r.reason
+
+
+class _TwoLevelModel:
+    """A model that puts the applied budget over the SLO at `current` req/s of capacity and
+    every other budget within it at `other`."""
+
+    def __init__(self, applied: int, current: float, other: float) -> None:
+        self.applied, self.current, self.other = applied, current, other
+
+    def calibrate(self, *args: object) -> Calibration:
+        return Calibration(fitted=True)
+
+    def predict(
+        self, knobs: Knobs, workload: Workload, calibration: Calibration, capacity: bool = True
+    ) -> Prediction:
+        if knobs.max_num_batched_tokens == self.applied:
+            return Prediction(40.0, 60.0, 0.0, None, 0.0, False, self.current, False, "", 1.2)
+        return Prediction(40.0, 30.0, 0.0, None, 0.0, True, self.other, True, "", 0.8)
+
+
+@pytest.mark.parametrize(
+    ("candidate_capacity", "rolls"), [(9.9, False), (10.0, False), (10.4, True)]
+)
+def test_a_fix_must_be_predicted_to_serve_more_than_the_current_knobs(
+    candidate_capacity: float, rolls: bool
+) -> None:
+    """code-70b-h200-tp4: with the SLO missed near capacity, 9152 tokens was rolled out as
+    "predicted to fix the SLO violation" at -0.0 % capacity against 8192 (kv-bound: 320 at
+    -1.5 %). Meeting the SLO with the margin at this load where the current knobs do not,
+    while serving no more, is headroom within the model's error; a fix must serve more."""
+    applied = Knobs(8192, 1024, 0.92)
+    snap = make_snapshot(applied, itl_p95=60.0)
+    w = Workload.from_snapshot(snap, SLO_DEFAULT, 0.9)
+    r = search(
+        applied=applied,
+        bounds=BOUNDS,
+        model=_TwoLevelModel(8192, 10.0, candidate_capacity),
+        workload=w,
+        calibration=Calibration(fitted=True),
+        diagnosis=None,
+        infeasible=(),
+        memory=ProvenMemory().with_proof(applied),
+        gmu_rise_step=0.02,
+        min_gain_pct=5.0,
+        slo_violated=True,
+    )
+    assert r.best is not None and r.best.max_num_batched_tokens != 8192, r.reason
+    assert r.worth_rollout == rolls, r.reason
+    if not rolls:
+        assert "serve no more than the current knobs" in r.reason
