@@ -52,7 +52,7 @@ from vllm_autotuner.core.decide import Decision, decide
 from vllm_autotuner.core.knob_defaults import default_knobs
 from vllm_autotuner.core.perf_model import AnalyticModel, EngineModel, PerformanceModel
 from vllm_autotuner.core.search_memo import SearchMemo
-from vllm_autotuner.core.snapshot import Observation, Scaling, Snapshot
+from vllm_autotuner.core.snapshot import Observation, Scaling, Snapshot, evidence_window_s
 from vllm_autotuner.core.topology import Topology, canary_running, topology
 from vllm_autotuner.core.tuning_types import (
     Bounds,
@@ -554,7 +554,13 @@ class OursTrace:
 
 
 def _target(
-    s: Scenario, policy: TuningPolicy, name: str, knobs: Knobs, pods: list[str], since: float | None
+    s: Scenario,
+    policy: TuningPolicy,
+    name: str,
+    knobs: Knobs,
+    pods: list[str],
+    since: float | None,
+    window_s: float,
 ) -> SnapshotTarget:
     return SnapshotTarget(
         namespace=NAMESPACE,
@@ -563,7 +569,7 @@ def _target(
         since=None if since is None else EPOCH + timedelta(seconds=since),
         knobs=knobs,
         revision=revision(knobs),
-        window_s=policy.evaluation_window_s,
+        window_s=window_s,
         slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
         model_name=s.model,
     )
@@ -576,11 +582,14 @@ def _observe(
     policy: TuningPolicy,
     snapshots: Callable[[list[SnapshotTarget]], dict[tuple[str, str], Snapshot]],
     scaling: Scaling | None = None,
+    window_s: float | None = None,
 ) -> tuple[Observation, list[str], float | None]:
     """What the operator observes at this reconcile: one snapshot of the pods running the
     applied knobs or, during a canary, the stable pods and the canary pod over the same window
     (since the later of the two sets became ready, and never before the replica count last
-    settled). Also the stable pods and their `since`."""
+    settled). Also the stable pods and their `since`. `window_s`: the controller's
+    (evidence_window_s), the policy's by default."""
+    window = policy.evaluation_window_s if window_s is None else window_s
     applied = state.applied
     settled = None
     if scaling is not None and scaling.settled_at is not None:
@@ -588,7 +597,7 @@ def _observe(
     if not canary_running(state):
         pods, ready = world.ready_pods(applied)
         since = max((x for x in (ready, settled) if x is not None), default=None)
-        target = _target(s, policy, "bench", applied, pods, since)
+        target = _target(s, policy, "bench", applied, pods, since, window)
         obs = Observation(snapshots([target])[target.key], world.pod_health(), scaling=scaling)
         return obs, pods, since
     assert state.candidate is not None
@@ -599,8 +608,8 @@ def _observe(
         fair = (state.analysis.since - EPOCH).total_seconds()
     known = [x for x in (s_since, c_since, fair, settled) if x is not None]
     since = max(known) if known else None
-    stable = _target(s, policy, "bench", applied, pods, since)
-    canary = _target(s, policy, "bench-canary", state.candidate, c_pods, since)
+    stable = _target(s, policy, "bench", applied, pods, since, window)
+    canary = _target(s, policy, "bench-canary", state.candidate, c_pods, since, window)
     snaps = snapshots([stable, canary])
     obs = Observation(
         snaps[stable.key], world.pod_health(), canary=snaps[canary.key], scaling=scaling
@@ -690,6 +699,7 @@ def run_ours(
             live[0], topology(live[0], replace(base_ctx, replicas=world.replica_target))
         )
     t = 0.0
+    evidence: Snapshot | None = None
     try:
         while t < world.horizon - 1e-9:
             t = min(t + RECONCILE_S, world.horizon)
@@ -705,11 +715,16 @@ def run_ours(
             ) -> dict[tuple[str, str], Snapshot]:
                 return loop.run_until_complete(source._cycle(transport, targets, now))
 
-            obs, pods, since = _observe(s, world, state, policy, snapshots, scaling)
+            window = evidence_window_s(
+                policy.evaluation_window_s, policy.min_requests_per_window, evidence
+            )
+            obs, pods, since = _observe(s, world, state, policy, snapshots, scaling, window)
+            if obs.snapshot.available:
+                evidence = obs.snapshot  # sizes the next window, as the controller does
             # As the controller does: the last search stands until there is new evidence.
             decision = decide(state, obs, policy, ctx, now, model, memo=memo)
             trace.predictions += _predictions(
-                decision, obs.snapshot, world, pods, since, policy.evaluation_window_s, truth
+                decision, obs.snapshot, world, pods, since, window, truth
             )
             memo = decision.search_memo or memo
             state = decision.new_state

@@ -61,7 +61,13 @@ from vllm_autotuner.core.policy import Resolution, governing_policies, resolve
 from vllm_autotuner.core.rollout import adopt_unrecorded
 from vllm_autotuner.core.sanitize import MAX_EVENT_TEXT, clean_status, clean_text
 from vllm_autotuner.core.search_memo import SearchMemo
-from vllm_autotuner.core.snapshot import Observation, Scaling, Snapshot, defect
+from vllm_autotuner.core.snapshot import (
+    Observation,
+    Scaling,
+    Snapshot,
+    defect,
+    evidence_window_s,
+)
 from vllm_autotuner.core.starting_point import StartingPoint, starting_knobs
 from vllm_autotuner.core.status import ChildState, compute_status, readiness, status_patch
 from vllm_autotuner.core.topology import Topology, canary_running, topology
@@ -203,6 +209,9 @@ class Controller:
         self._models: dict[tuple[str, str], tuple[DeploymentContext, PerformanceModel]] = {}
         # The last search per deployment: decide() reuses it until there is new evidence.
         self._searches: dict[tuple[str, str], SearchMemo] = {}
+        # The last usable window per deployment: its request rate sizes the next window
+        # (core/snapshot.evidence_window_s).
+        self._evidence: dict[tuple[str, str], Snapshot] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         # What our own applies returned: fresher than the watch-fed indexes for a moment, so a
         # reconcile right after an apply does not apply (and announce) the same child again.
@@ -231,6 +240,7 @@ class Controller:
             self._rejected.pop((namespace, name, kind), None)
         self._models.pop((namespace, name), None)
         self._searches.pop((namespace, name), None)
+        self._evidence.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
         self.observer.forget((namespace, name))
         if self.metrics is not None:
@@ -682,6 +692,8 @@ class Controller:
             adoption.append(Event("Normal", "RetryRequested", note))
         health = tuple(pod_health(p) for p in pods)
         snapshot = self.observer.latest(key, policy.evaluation_window_s)
+        if snapshot.available:
+            self._evidence[key] = snapshot
         canary_snapshot = (
             self.observer.latest(canary_key(key), policy.evaluation_window_s)
             if canary_running(state)
@@ -819,7 +831,11 @@ class Controller:
     ) -> None:
         """Ask the observer for the next window of the stable pods and, while a canary runs,
         of the canary pod over the same window: from the later of the two ready times, or
-        from when the canary analysis started its fair window."""
+        from when the canary analysis started its fair window. The window is the policy's,
+        longer when the deployment serves too few requests for one (evidence_window_s)."""
+        window_s = evidence_window_s(
+            policy.evaluation_window_s, policy.min_requests_per_window, self._evidence.get(key)
+        )
 
         def target(
             track_key: tuple[str, str], knobs: Knobs, since: datetime | None
@@ -836,7 +852,7 @@ class Controller:
                 since=since,
                 knobs=knobs,
                 revision=render.knob_label(knobs),
-                window_s=policy.evaluation_window_s,
+                window_s=window_s,
                 slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
                 model_name=spec.served_model_name or spec.model,
             )
