@@ -42,7 +42,7 @@ from vllm_autotuner.core.rollout import (
     rollout_progress,
     worst_ratio,
 )
-from vllm_autotuner.core.search import SearchResult, allowed, is_forbidden, search
+from vllm_autotuner.core.search import SearchResult, allowed, search
 from vllm_autotuner.core.search_memo import SearchInputs, SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.steady_state import shared_evaluations
@@ -1063,7 +1063,9 @@ def _conclude(
 def _exploration(
     applied: Knobs, policy: TuningPolicy, diag: Diagnosis, state: TuningState
 ) -> Knobs | None:
-    """One step along the diagnosis' directions for the batching knobs, inside every rule.
+    """One step along the diagnosis' directions for the batching knobs, inside every rule
+    a search candidate obeys (`allowed`: bounds, maxStep, known failures, the memory proven
+    at the new token budget).
 
     Halves (or doubles) a knob, capped by the policy's maxStep and bounds; never touches
     gpu_memory_utilization (only measured stability may raise it) and keeps
@@ -1084,11 +1086,10 @@ def _exploration(
     mns = step(applied.max_num_seqs, diag.directions.mns, b.mns)
     mns = min(mns, mnbt)
     probe = Knobs(mnbt, mns, applied.gpu_memory_utilization)
-    if probe.same_as(applied) or not b.contains(probe) or not b.within_step(applied, probe):
+    if probe.same_as(applied):
         return None
-    if is_forbidden(probe, state.infeasible) is not None:
-        return None
-    return probe
+    legal = allowed(probe, applied, b, state.memory(), policy.gmu_rise_step, state.infeasible)
+    return probe if legal is None else None
 
 
 def _start_trial(

@@ -203,6 +203,32 @@ def test_a_quiet_pod_has_a_finite_first_token_time_and_a_capacity() -> None:
     assert quiet.capacity_rps == pytest.approx(busier.capacity_rps, rel=0.1)
 
 
+def test_a_rare_arrival_is_not_queued_behind_a_rate_it_does_not_have() -> None:
+    """Bug (fixed in steady_state._path): below the rate that puts MIN_PATH_ARRIVALS in a
+    1,000-step path, first tokens were sampled at that rate instead (3 req/s here), so every
+    quieter pod showed the same queueing. A RAG window on Qwen2.5-32B / 2 x L40S at 0.14
+    req/s per pod, 1.5 s of prefill per prompt, read a TTFT p90 of 4.7 s against its 2.5 s.
+    6,000-token prompts at a 256-token budget: p50 166 ms at 0.05 req/s, 315 at 3."""
+    quiet = state(traffic(0.05, 6000.0, 50.0), budget=256)
+    busy = state(traffic(3.0, 6000.0, 50.0), budget=256)
+    assert quiet.stable and busy.stable
+    assert quiet.ttft(0.5) < 0.7 * busy.ttft(0.5)
+
+
+def test_prompts_are_never_longer_than_the_window_counted() -> None:
+    """The log-normal is cut at the longest prompt the window saw, its mean kept."""
+    sigma = lognormal_sigma(4550.0, 8535.0)
+    for longest in (5000.0, 10000.0, 20000.0):
+        mu = steady_state_module._prompt_mu(4550.0, sigma, longest)
+        z = steady_state_module._Z_PROMPT
+        lengths = [min(math.exp(mu + sigma * v), longest) for v in z[:20000]]
+        assert max(lengths) <= longest
+        assert sum(lengths) / len(lengths) == pytest.approx(4550.0, rel=0.02)
+    assert steady_state_module._prompt_mu(4550.0, sigma, None) == pytest.approx(
+        math.log(4550.0) - 0.5 * sigma * sigma
+    )
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     w=workloads,
