@@ -365,30 +365,21 @@ def search(
             f"current knobs are the best of {evaluated} evaluated ({numbers})",
             evaluated,
         )
+
+    def verdict(worth: bool, text: str) -> SearchResult:
+        return SearchResult(best, best_pred, current, gain, worth, text, evaluated)
+
     if slo_violated and best_pred.feasible and gain <= 0:
         # Meets the SLO at this load with the margin where the current knobs do not, yet serves
         # no more: the two predictions differ only in headroom at this load, which is within
         # the model's error. bench/tuning made four such rollouts over ten runs; none won.
-        return SearchResult(
-            best,
-            best_pred,
-            current,
-            gain,
+        return verdict(
             False,
             f"best candidate {best.describe()} is predicted to meet the SLO at this load but "
             f"to serve no more than the current knobs ({numbers})",
-            evaluated,
         )
     if slo_violated and best_pred.feasible:
-        return SearchResult(
-            best,
-            best_pred,
-            current,
-            gain,
-            True,
-            f"{best.describe()} is predicted to fix the SLO violation: {numbers}",
-            evaluated,
-        )
+        return verdict(True, f"{best.describe()} is predicted to fix the SLO violation: {numbers}")
     if not best_pred.feasible:
         if math.isfinite(best_pred.slo_ratio):
             improvement = (
@@ -413,20 +404,13 @@ def search(
         worth = improvement >= min_gain_pct
         if not worth:
             text = f"best candidate {short}: {text}"
-        return SearchResult(best, best_pred, current, gain, worth, text, evaluated)
+        return verdict(worth, text)
     if gain >= min_gain_pct:
-        return SearchResult(
-            best, best_pred, current, gain, True, f"{best.describe()}: {numbers}", evaluated
-        )
-    return SearchResult(
-        best,
-        best_pred,
-        current,
-        gain,
+        return verdict(True, f"{best.describe()}: {numbers}")
+    return verdict(
         False,
         f"best candidate {best.describe()} gains {_pct(gain)}, below the {min_gain_pct:g}% "
         f"worth a rollout ({numbers})",
-        evaluated,
     )
 
 
