@@ -666,9 +666,11 @@ def _late_failure(
     under some traffic): go back to the one before it and never try this one again."""
     applied = state.applied
     s = state.with_infeasible(InfeasibleConfig(applied, failing.reason, now, failing.kind))
+    # What was "proven stable" was not: an OOM kill, or a crash loop, which is how a CUDA
+    # out-of-memory error inside the engine shows (vLLM exits; kv-bound's hazard, seed 205).
     memory = s.memory()
-    if failing.kind == "OOMKilled":
-        memory = memory.without_claims_on(applied)  # what was "proven stable" was not
+    if failing.kind in ("OOMKilled", "Crashed"):
+        memory = memory.without_claims_on(applied)
     s = replace(
         s,
         applied=fallback,

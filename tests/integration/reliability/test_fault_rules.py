@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -138,15 +139,31 @@ def _oom(knobs: Knobs) -> tuple[PodHealth, ...]:
     )
 
 
-def test_a_committed_configuration_oom_killed_later_is_rolled_back_and_remembered() -> None:
+def _crash_loop(knobs: Knobs) -> tuple[PodHealth, ...]:
+    return (
+        PodHealth(
+            ready=False,
+            restarts=1,
+            last_termination_reason="Error",
+            waiting_reason="CrashLoopBackOff",
+            revision_knobs=knobs,
+            name="p0",
+        ),
+    )
+
+
+@pytest.mark.parametrize(("pods", "kind"), [(_oom, "OOMKilled"), (_crash_loop, "Crashed")])
+def test_a_committed_configuration_that_fails_later_is_rolled_back_and_remembered(
+    pods: Callable[[Knobs], tuple[PodHealth, ...]], kind: str
+) -> None:
     state = _committed(GOOD, proven_memory=ProvenMemory.of([(GOOD.max_num_batched_tokens, 0.9)]))
     snap = make_snapshot(GOOD)
-    decision = decide_with_origin(state, snap, _oom(GOOD), origin=KNOBS)
+    decision = decide_with_origin(state, snap, pods(GOOD), origin=KNOBS)
     assert decision.action == "rollback"
     assert decision.knobs_to_apply == KNOBS
     new = decision.new_state
     assert new.applied == new.last_good == KNOBS
-    assert [(i.knobs, i.kind) for i in new.infeasible] == [(GOOD, "OOMKilled")]
+    assert [(i.knobs, i.kind) for i in new.infeasible] == [(GOOD, kind)]
     assert new.stable_gmu() <= KNOBS.gpu_memory_utilization
     assert not new.proven_memory.covers(GOOD)  # the proof that claimed GOOD safe is gone
     assert new.trials[0].outcome == "Committed"  # history is not rewritten
