@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -226,6 +227,8 @@ def run_once(
     out.mkdir(parents=True, exist_ok=True)
     namespaces = max(1, min(namespaces, n))
     notes: list[str] = []
+    # A previous run's etcd holds its objects: every create would answer 409 Conflict.
+    shutil.rmtree(out / f"controlplane-{n}", ignore_errors=True)
     with api_server(REPO / "crds", out / f"controlplane-{n}") as apiserver:
         return _run(n, namespaces, apiserver, interval_s, idle_cycles, out, timeout_s, notes, log)
 
