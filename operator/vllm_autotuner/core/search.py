@@ -203,18 +203,17 @@ def allowed(
         return "outside bounds"
     if not bounds.within_step(applied, k):
         return "more than maxStep from applied"
-    if memory_experiment(k, memory) > rise_step + GMU_EPSILON:
+    past = _past_proof(k, memory)
+    if past > rise_step + GMU_EPSILON:
         return "gpu_memory_utilization above what is proven stable at its token budget plus a step"
-    if memory_experiment(k, memory) > GMU_EPSILON and (
-        k.max_num_batched_tokens > applied.max_num_batched_tokens
-    ):
+    if past > GMU_EPSILON and k.max_num_batched_tokens > applied.max_num_batched_tokens:
         return "gpu_memory_utilization above what is proven stable with a larger token budget"
     if k.max_num_batched_tokens < k.max_num_seqs:
         return "maxNumBatchedTokens below maxNumSeqs"
     return is_forbidden(k, infeasible)
 
 
-def memory_experiment(k: Knobs, memory: ProvenMemory) -> float:
+def _past_proof(k: Knobs, memory: ProvenMemory) -> float:
     """How far `k`'s gpu_memory_utilization goes past what is proven stable at its token budget
     (core/memory.py); 0 or less when no proof is needed.
 
