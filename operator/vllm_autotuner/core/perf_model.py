@@ -61,7 +61,6 @@ class Workload:
     prefix_hit_rate: float = 0.0
     slo: SLO = field(default_factory=SLO)
     safety_margin: float = 0.9
-    prompt_max: float | None = None  # no prompt in the window was longer (a bucket bound)
 
     @classmethod
     def from_snapshot(cls, s: Snapshot, slo: SLO, safety_margin: float) -> Workload:
@@ -79,7 +78,6 @@ class Workload:
             prefix_hit_rate=min(0.99, max(0.0, s.prefix_cache_hit_rate or 0.0)),
             slo=slo,
             safety_margin=safety_margin,
-            prompt_max=s.prompt_len.longest(),
         )
 
     def at_rate(self, rate: float) -> Workload:
@@ -604,7 +602,6 @@ def _traffic(w: Workload, rate: float) -> Traffic:
         gen_mean=w.gen_mean,
         gen_p90=w.gen_p90,
         prefix_hit_rate=w.prefix_hit_rate,
-        prompt_max=w.prompt_max,
     )
 
 

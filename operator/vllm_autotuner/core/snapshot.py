@@ -82,17 +82,6 @@ class LengthSummary:
     # The cumulative histogram: (upper bound in tokens, requests at or under it), ascending.
     buckets: tuple[tuple[float, float], ...] = ()
 
-    def longest(self) -> float | None:
-        """The smallest bucket bound every counted length is at or under: no length in the
-        window was longer (None without data, or when some fell only in +Inf)."""
-        if not self.buckets or self.buckets[-1][1] <= 0:
-            return None
-        total = self.buckets[-1][1]
-        for bound, count in self.buckets:
-            if count >= total and math.isfinite(bound):
-                return bound
-        return None
-
     def lognormal_p90(self) -> float | None:
         """The p90 of the log-normal with this mean that best fits the bucket counts (vLLM's
         1-2-5 token buckets are too coarse to interpolate a p90 in), or None without data."""

@@ -83,7 +83,6 @@ class Traffic:
     gen_mean: float
     gen_p90: float
     prefix_hit_rate: float = 0.0
-    prompt_max: float | None = None  # no longer prompt was seen: the log-normal is cut there
 
     @property
     def hit_share(self) -> float:
@@ -432,28 +431,6 @@ def _iterate_mean_step(
     return t_mean, peak
 
 
-def _prompt_mu(mean: float, sigma: float, longest: float | None) -> float:
-    """The log-normal's mu whose lengths, cut at `longest`, have this mean. A RAG window on
-    Qwen2.5-32B (mean 4,550 tokens, p90 8,535) counted no prompt over 10,000, where the
-    uncut log-normal puts 6 % of them, and the longest prompts set the TTFT tail."""
-    mu = math.log(mean) - 0.5 * sigma * sigma
-    if longest is None or longest <= mean:
-        return mu
-    log_m = math.log(longest)
-    unit = NormalDist()
-
-    def cut_mean(m: float) -> float:
-        below = math.exp(m + 0.5 * sigma * sigma) * unit.cdf((log_m - m - sigma * sigma) / sigma)
-        return below + longest * (1.0 - unit.cdf((log_m - m) / sigma))
-
-    # The cut mean rises with mu; raise mu until it matches (a few bisection steps).
-    lo, hi = mu, mu + 3.0 * sigma + 1.0
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if cut_mean(mid) < mean else (lo, mid)
-    return 0.5 * (lo + hi)
-
-
 def _mean_position(traffic: Traffic) -> float:
     """How many tokens a computed prefill token attends to on average: its position in the
     prompt, cached prefix included (a share `hit` of each prompt; log-normal lengths, so the
@@ -582,11 +559,8 @@ def _sample_path(
         n_steps = max(50, min(len(_Z_STEP_LONG), int(horizon / t_mean)))
     arrive = _ARRIVALS_UNIT[:n_arr] / lam
     sigma = traffic.prompt_sigma
-    mu = _prompt_mu(p_mean, sigma, traffic.prompt_max)
-    full = np.exp(mu + sigma * _Z_PROMPT[:n_arr])
-    if traffic.prompt_max is not None:
-        full = np.minimum(full, traffic.prompt_max)
-    prompt = np.maximum(full * (1.0 - hit), 1.0)
+    mu = math.log(p_mean) - 0.5 * sigma * sigma
+    prompt = np.maximum(np.exp(mu + sigma * _Z_PROMPT[:n_arr]) * (1.0 - hit), 1.0)
     sig = costs.jitter
     z = _Z_STEP_LONG[:n_steps]
     noise = np.exp(sig * z - 0.5 * sig * sig) if sig > 0 else np.ones(n_steps)

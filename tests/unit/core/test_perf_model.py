@@ -262,17 +262,3 @@ def test_engine_model_falls_back_to_the_analytic_model_off_catalog() -> None:
     cal_a = am.calibrate(snap, KNOBS, ctx, w, None)
     assert cal_e == cal_a
     assert em.predict(KNOBS, w, cal_e) == am.predict(KNOBS, w, cal_a)
-
-
-def test_the_longest_prompt_is_the_first_bucket_that_holds_them_all() -> None:
-    """vLLM's 1-2-5 length buckets: a RAG window with 83 of 126 prompts at or under 5,000
-    tokens and all of them under 10,000 had no prompt longer than 10,000."""
-    rag = LengthSummary(
-        4550.0, None, None, ((2000.0, 0.0), (5000.0, 83.0), (10000.0, 126.0), (math.inf, 126.0))
-    )
-    assert rag.longest() == 10000.0
-    spill = LengthSummary(900.0, None, None, ((1000.0, 90.0), (math.inf, 100.0)))
-    assert spill.longest() is None  # some were longer than every finite bound
-    assert LengthSummary(None, None, None, ()).longest() is None
-    w = Workload.from_snapshot(replace(make_snapshot(), prompt_len=rag), SLO_DEFAULT, 0.9)
-    assert w.prompt_max == 10000.0

@@ -215,20 +215,6 @@ def test_a_rare_arrival_is_not_queued_behind_a_rate_it_does_not_have() -> None:
     assert quiet.ttft(0.5) < 0.7 * busy.ttft(0.5)
 
 
-def test_prompts_are_never_longer_than_the_window_counted() -> None:
-    """The log-normal is cut at the longest prompt the window saw, its mean kept."""
-    sigma = lognormal_sigma(4550.0, 8535.0)
-    for longest in (5000.0, 10000.0, 20000.0):
-        mu = steady_state_module._prompt_mu(4550.0, sigma, longest)
-        z = steady_state_module._Z_PROMPT
-        lengths = [min(math.exp(mu + sigma * v), longest) for v in z[:20000]]
-        assert max(lengths) <= longest
-        assert sum(lengths) / len(lengths) == pytest.approx(4550.0, rel=0.02)
-    assert steady_state_module._prompt_mu(4550.0, sigma, None) == pytest.approx(
-        math.log(4550.0) - 0.5 * sigma * sigma
-    )
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     w=workloads,
