@@ -28,8 +28,8 @@ controlplane: $(STAMP)
 	@$(BIN)/vllm-localcluster controlplane path >/dev/null 2>&1 || { VENV=$(VENV) bash scripts/ensure-go.sh && PATH="$(abspath $(BIN)):$$PATH" $(BIN)/vllm-localcluster controlplane ensure; }
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator sim localcluster tests bench e2e
-	$(BIN)/ruff format --check operator sim localcluster tests bench e2e
+	$(BIN)/ruff check operator sim localcluster tests bench e2e scripts
+	$(BIN)/ruff format --check operator sim localcluster tests bench e2e scripts
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
