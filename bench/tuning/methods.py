@@ -581,15 +581,14 @@ def _observe(
     state: TuningState,
     policy: TuningPolicy,
     snapshots: Callable[[list[SnapshotTarget]], dict[tuple[str, str], Snapshot]],
-    scaling: Scaling | None = None,
-    window_s: float | None = None,
+    scaling: Scaling | None,
+    window: float,
 ) -> tuple[Observation, list[str], float | None]:
     """What the operator observes at this reconcile: one snapshot of the pods running the
     applied knobs or, during a canary, the stable pods and the canary pod over the same window
     (since the later of the two sets became ready, and never before the replica count last
-    settled). Also the stable pods and their `since`. `window_s`: the controller's
-    (evidence_window_s), the policy's by default."""
-    window = policy.evaluation_window_s if window_s is None else window_s
+    settled), `window` seconds long at most (evidence_window_s, as the controller asks). Also
+    the stable pods and their `since`."""
     applied = state.applied
     settled = None
     if scaling is not None and scaling.settled_at is not None:
