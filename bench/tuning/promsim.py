@@ -7,8 +7,10 @@ extrapolation to the window's edges, histogram buckets summed over pods — thro
 `PrometheusSource` assembly code as in production. `SimTransport` answers the adapter's
 `_Transport` protocol (`query`, `label_values`) from `TSDB`; the evaluator covers exactly the
 shapes `adapters.promql.build_query` emits (selectors with `=`, `!=`, `=~`, `!~`; `increase`,
-`rate`, `avg_over_time`, `max_over_time`, `last_over_time`, `label_replace`; `sum`, `avg`, `max`,
-`min`, `count` with `by`; `or`) and raises on anything else, so a new query shape in the adapter
+`rate`, `idelta`, `avg_over_time`, `max_over_time`, `last_over_time`, `stdvar_over_time`,
+`count_over_time`, over a range or a subquery `(...)[range:step]`; `clamp_min`,
+`label_replace`; `sum`, `avg`, `max`, `min`, `count` with `by`; `or`) and raises on anything
+else, so a new query shape in the adapter
 fails loudly here instead of being answered wrongly.
 
 Semantics follow Prometheus 2.x: a range `[W]` selects samples in [t-W, t]; `increase` is
@@ -85,7 +87,7 @@ def _matcher(name: str, op: str, value: str) -> Any:
 _TOKEN = re.compile(
     r"""\s*(?:
       (?P<str>"(?:[^"\\]|\\.)*")
-    | (?P<dur>\[\s*\d+(?:\.\d+)?[smhd]\s*\])
+    | (?P<dur>\[\s*\d+(?:\.\d+)?[smhd]\s*(?::\s*\d+(?:\.\d+)?[smhd]\s*)?\])
     | (?P<op>=~|!~|!=|=|\(|\)|\{|\}|,)
     | (?P<num>\d+(?:\.\d+)?)
     | (?P<id>[a-zA-Z_:][a-zA-Z0-9_:]*)
@@ -143,7 +145,10 @@ def _tokens(expr: str) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------------- parser
 
 _AGGS = {"sum", "avg", "max", "min", "count"}
-_RANGE_FUNCS = {"increase", "rate", "avg_over_time", "max_over_time", "last_over_time"}
+_RANGE_FUNCS = {
+    "increase", "rate", "idelta", "avg_over_time", "max_over_time", "last_over_time",
+    "stdvar_over_time", "count_over_time",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,21 @@ class _Agg:
     op: str
     by: list[str]
     arg: Any
+
+
+@dataclass(frozen=True)
+class _Sub:
+    """A subquery `(inner)[range:step]`: `inner` evaluated every `step` seconds (at multiples
+    of it, as Prometheus aligns them) over (t - range, t]."""
+
+    inner: Any
+    range_s: float
+    step_s: float
+
+
+@dataclass(frozen=True)
+class _Num:
+    value: float
 
 
 @dataclass(frozen=True)
@@ -208,7 +228,15 @@ class _Parser:
             self.take("(")
             node = self.expr()
             self.take(")")
+            tok = self.peek()
+            if tok is not None and tok[0] == "dur" and ":" in tok[1]:
+                self.take()
+                span, step = tok[1].strip("[] \t").split(":")
+                return _Sub(node, _seconds(span), _seconds(step))
             return node
+        if kind == "num":
+            self.take()
+            return _Num(float(text))
         if text == "{":
             return self.selector(None)
         if kind != "id":
@@ -223,7 +251,7 @@ class _Parser:
             arg = self.expr()
             self.take(")")
             return _Agg(text, by, arg)
-        if text in _RANGE_FUNCS or text == "label_replace":
+        if text in _RANGE_FUNCS or text in ("label_replace", "clamp_min"):
             self.take("(")
             args: list[Any] = []
             while True:
@@ -270,9 +298,13 @@ class _Parser:
         tok = self.peek()
         if tok is not None and tok[0] == "dur":
             self.take()
-            inner = tok[1].strip("[] \t")
-            range_s = float(inner[:-1]) * _UNIT[inner[-1]]
+            range_s = _seconds(tok[1].strip("[] \t"))
         return _Sel(matchers, range_s)
+
+
+def _seconds(text: str) -> float:
+    text = text.strip()
+    return float(text[:-1]) * _UNIT[text[-1]]
 
 
 # ------------------------------------------------------------------------------- evaluation
@@ -358,24 +390,64 @@ class Evaluator:
                         labels.pop(dst, None)
                 out.append((labels, v))
             return out
-        (sel,) = node.args
-        if not isinstance(sel, _Sel) or sel.range_s is None:
+        if node.fn == "clamp_min":
+            inner, low = node.args
+            if not isinstance(low, _Num):
+                raise ValueError("clamp_min takes a number")
+            return [(_no_name(lab), max(v, low.value)) for lab, v in self._eval(inner, t)]
+        (arg,) = node.args
+        if isinstance(arg, _Sub):
+            return self._over_time(node.fn, self._subquery(arg, t), t, arg.range_s)
+        if not isinstance(arg, _Sel) or arg.range_s is None:
             raise ValueError(f"{node.fn} needs a range selector")
-        w = sel.range_s
-        result: Instant = []
-        for s in self.db.select(sel.matchers):
+        w = arg.range_s
+        windows = []
+        for s in self.db.select(arg.matchers):
             times, values = _window(s, t, w)
-            if not times:
-                continue
-            labels = dict(s.labels) if node.fn == "last_over_time" else _no_name(s.labels)
-            if node.fn in ("increase", "rate"):
+            if times:
+                windows.append((s.labels, times, values))
+        return self._over_time(node.fn, windows, t, w)
+
+    def _subquery(self, sub: _Sub, t: float) -> list[tuple[dict[str, str], list[float], list[float]]]:
+        """`sub.inner` at every multiple of the step in (t - range, t], as series."""
+        first = math.floor((t - sub.range_s) / sub.step_s) * sub.step_s + sub.step_s
+        series: dict[Labels, tuple[dict[str, str], list[float], list[float]]] = {}
+        k = 0
+        while (at := first + k * sub.step_s) <= t + 1e-9:
+            for labels, v in self._eval(sub.inner, at):
+                key = tuple(sorted(labels.items()))
+                found = series.setdefault(key, (labels, [], []))
+                found[1].append(at)
+                found[2].append(v)
+            k += 1
+        return list(series.values())
+
+    @staticmethod
+    def _over_time(
+        fn: str,
+        windows: Iterable[tuple[dict[str, str], list[float], list[float]]],
+        t: float,
+        w: float,
+    ) -> Instant:
+        result: Instant = []
+        for raw_labels, times, values in windows:
+            labels = dict(raw_labels) if fn == "last_over_time" else _no_name(raw_labels)
+            if fn in ("increase", "rate", "idelta"):
                 if len(times) < 2:
                     continue
+                if fn == "idelta":
+                    result.append((labels, values[-1] - values[-2]))
+                    continue
                 inc = extrapolated_increase(times, values, t, w)
-                result.append((labels, inc / w if node.fn == "rate" else inc))
-            elif node.fn == "avg_over_time":
+                result.append((labels, inc / w if fn == "rate" else inc))
+            elif fn == "avg_over_time":
                 result.append((labels, sum(values) / len(values)))
-            elif node.fn == "max_over_time":
+            elif fn == "stdvar_over_time":
+                mean = sum(values) / len(values)
+                result.append((labels, sum((v - mean) ** 2 for v in values) / len(values)))
+            elif fn == "count_over_time":
+                result.append((labels, float(len(values))))
+            elif fn == "max_over_time":
                 result.append((labels, max(values)))
             else:
                 result.append((labels, values[-1]))

@@ -224,10 +224,11 @@ class Scenario:
         # The simulator's physics is part of the truth: a refit of its step-time constants
         # must not reuse an oracle computed with the old ones.
         physics = dataclasses.asdict(steptime.CALIBRATION)
-        text = json.dumps(
-            {"shape": shape, **fields, "physics": physics, "measure": TRUTH_MEASURE},
-            sort_keys=True,
-        )
+        key: dict[str, Any] = {"shape": shape, **fields, "physics": physics,
+                               "measure": TRUTH_MEASURE}  # fmt: skip
+        if self.pod_burstiness() != 1.0:  # Poisson scenarios keep their cached truth
+            key["pod_burstiness"] = round(self.pod_burstiness(), 6)
+        text = json.dumps(key, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def deployment_workload(self, horizon_s: float | None = None) -> WorkloadSpec:
@@ -239,9 +240,20 @@ class Scenario:
         d.setdefault("name", self.name)
         return WorkloadSpec.from_dict(d)
 
+    def pod_burstiness(self) -> float:
+        """The gamma shape of one pod's arrivals (1: Poisson). The Service spreads requests
+        over the `replicas` pods at random, and thinning a renewal process with gap cv2
+        `c` to a share p leaves counts whose variance over mean is p c + 1 - p: 0.3 over two
+        pods (c = 3.33) gives 2.17, shape 0.46."""
+        b = float(self.workload.get("burstiness", 1.0))
+        p = 1.0 / max(1, self.replicas)
+        return 1.0 / (p / b + 1.0 - p)
+
     def shape(self, rate_per_replica: float, requests: int, seed: int) -> WorkloadSpec:
-        """The scenario's request shape at a constant Poisson rate (for benchmarks)."""
+        """The scenario's request shape at a constant rate per replica, with one pod's
+        burstiness (`pod_burstiness`): what ground truth and benchmarks measure capacity on."""
         d = {k: v for k, v in self.workload.items() if k not in ("rate", "burstiness")}
+        d["burstiness"] = self.pod_burstiness()
         d["rate"] = float(rate_per_replica)
         d["duration"] = requests / max(rate_per_replica, 1e-9)
         d["max_requests"] = requests

@@ -51,7 +51,15 @@ MAX_PLAUSIBLE_TOKENS = 1e8  # per request or per step: beyond any context length
 MAX_MODEL_NAMES_SHOWN = 5
 MAX_MODEL_NAME_SHOWN = 64
 
-SignalKind = Literal["histogram", "counter", "gauge_mean", "gauge_sum", "info", "ratio"]
+SignalKind = Literal[
+    "histogram", "counter", "gauge_mean", "gauge_sum", "info", "ratio", "dispersion"
+]
+# Burstiness: each pod's first tokens per scrape interval (`idelta` of the TTFT histogram's
+# count: exact counts, no extrapolation; any scrape interval up to half the range), sampled
+# DISPERSION_STEPS times over the window by a subquery. Sampling an interval twice or not at
+# all leaves the variance over the mean unbiased, so the step need not match the scrape.
+IDELTA_RANGE_S = 120
+DISPERSION_STEPS = 40
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,7 @@ SIGNALS: tuple[Signal, ...] = (
         ),
     ),
     Signal("cache_config", "info", ("vllm:cache_config_info",)),
+    Signal("arrivals", "dispersion", ("vllm:time_to_first_token_seconds_count",)),
 )
 SIGNALS_BY_KEY = {s.key: s for s in SIGNALS}
 REQUIRED_SIGNAL = "requests"
@@ -300,8 +309,22 @@ def build_query(signal: Signal, names: str | Sequence[str], sel: Selector, windo
         hits = f"sum by ({by}) (increase({series(nums, '', m)}{w}))"
         queries = f"sum by ({by}) (increase({series(dens, '', m)}{w}))"
         return f"{_tagged(hits, 'num')} or {_tagged(queries, 'den')}"
+    if signal.kind == "dispersion":
+        return _dispersion_query(series(spelled, "", m), by, window_s)
     # info: every label matters and the set varies by version, so read the raw series.
     return f"last_over_time({series(spelled, '', m)}{w})"
+
+
+def _dispersion_query(counter: str, by: str, window_s: int) -> str:
+    """Per pod: the variance and the mean of its counts per scrape interval over the window
+    (a counter reset counts 0, not minus the total), and how many scrapes the window holds."""
+    step = max(1, window_s // DISPERSION_STEPS)
+    counts = f"sum by ({by}) (clamp_min(idelta({counter}[{IDELTA_RANGE_S}s]), 0))"
+    sub = f"[{window_s}s:{step}s]"
+    var = f"stdvar_over_time(({counts}){sub})"
+    mean = f"avg_over_time(({counts}){sub})"
+    scrapes = f"max by ({by}) (count_over_time({counter}[{window_s}s]))"
+    return f"{_tagged(var, 'var')} or {_tagged(mean, 'mean')} or {_tagged(scrapes, 'n')}"
 
 
 def build_queries(names: MetricNames, sel: Selector, window_s: int) -> dict[str, str]:
@@ -630,6 +653,28 @@ def _gauge(
     return (sum(means) / len(means) if means else None, max(peaks) if peaks else None)
 
 
+def _dispersion(
+    by_pod: Mapping[str, Sequence[Sample]], window_s: int
+) -> tuple[float | None, int]:
+    """(variance over mean of the pods' counts per scrape interval, pooled: the sum of the
+    variances over the sum of the means; how many intervals it rests on). A pod seen fewer
+    than three times, or with no arrival, adds nothing."""
+    var, mean, scrapes = _parts(by_pod, "var"), _parts(by_pod, "mean"), _parts(by_pod, "n")
+    steps = window_s // max(1, window_s // DISPERSION_STEPS)
+    total_var = total_mean = 0.0
+    intervals = 0
+    for pod, m in mean.items():
+        v, n = var.get(pod), scrapes.get(pod, 0.0)
+        if v is None or not (m > 0 and v >= 0 and n >= 3) or not math.isfinite(v + m):
+            continue
+        total_var += v
+        total_mean += m
+        intervals += min(int(n) - 1, steps)
+    if total_mean <= 0:
+        return None, 0
+    return total_var / total_mean, intervals
+
+
 def _int_label(labels: Mapping[str, str], name: str) -> int | None:
     try:
         return int(float(labels[name]))
@@ -754,6 +799,8 @@ def assemble(
     queried = sum(v for v in _parts(prefix, "den").values() if v >= 0)
     hit_rate = min(1.0, hits / queried) if queried > 0 else None
 
+    dispersion, intervals = _dispersion(rows("arrivals"), window_s)
+
     kv = KVCacheInfo()
     info = rows("cache_config", check_model=False)
     for pod in sorted(info):
@@ -792,4 +839,6 @@ def assemble(
         iteration_tokens_mean=iteration_mean,
         steps_per_s=it_count / window_s / scale / len(completed_by_pod) if it_count > 0 else None,
         kv_cache=kv,
+        arrival_dispersion=dispersion,
+        arrival_intervals=intervals,
     )

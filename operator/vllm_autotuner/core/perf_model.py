@@ -30,8 +30,10 @@ from vllm_autotuner.core.physics import (
     lognormal_sigma,
     sim_gpu_name,
 )
-from vllm_autotuner.core.snapshot import LatencySummary, Snapshot
+from vllm_autotuner.core.snapshot import LatencySummary, Snapshot, arrival_cv2
 from vllm_autotuner.core.steady_state import (
+    MAX_ARRIVAL_CV2,
+    MIN_ARRIVAL_CV2,
     Costs,
     Knobs3,
     SteadyState,
@@ -61,6 +63,7 @@ class Workload:
     prefix_hit_rate: float = 0.0
     slo: SLO = field(default_factory=SLO)
     safety_margin: float = 0.9
+    arrival_cv2: float = 1.0  # burstiness: cv2 of the gaps between arrivals (1: Poisson)
 
     @classmethod
     def from_snapshot(cls, s: Snapshot, slo: SLO, safety_margin: float) -> Workload:
@@ -78,6 +81,7 @@ class Workload:
             prefix_hit_rate=min(0.99, max(0.0, s.prefix_cache_hit_rate or 0.0)),
             slo=slo,
             safety_margin=safety_margin,
+            arrival_cv2=arrival_cv2(s),
         )
 
     def at_rate(self, rate: float) -> Workload:
@@ -602,6 +606,7 @@ def _traffic(w: Workload, rate: float) -> Traffic:
         gen_mean=w.gen_mean,
         gen_p90=w.gen_p90,
         prefix_hit_rate=w.prefix_hit_rate,
+        arrival_cv2=w.arrival_cv2,
     )
 
 
@@ -1187,6 +1192,7 @@ class EngineModel:
             prefix_ratio=min(0.95, w.prefix_hit_rate),
             prefix_groups=4,
             max_requests=n,
+            burstiness=1.0 / min(MAX_ARRIVAL_CV2, max(MIN_ARRIVAL_CV2, w.arrival_cv2)),
         ).with_rate(rate)
         requests = [r for r in spec.generate() if r.prompt_len + r.max_tokens <= limit]
         if not requests:

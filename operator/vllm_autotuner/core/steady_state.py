@@ -1,4 +1,4 @@
-"""One pod of vLLM's V1 scheduler in steady state at a Poisson arrival rate.
+"""One pod of vLLM's V1 scheduler in steady state at an arrival rate, Poisson or bursty.
 
 Every step decodes one token for each running request, then spends what is left of the token
 budget (`max_num_batched_tokens`) on prefill, oldest prompt first. So the step-time
@@ -8,8 +8,10 @@ tokens each step carries; and TTFT by how long a prompt waits behind the prefill
 Both come from one short sample path with common random numbers (the same arrivals, scaled
 by the rate, for every evaluation, so that results are smooth in the rate and in the knobs):
 
-- arrivals: a Poisson process at `rate`; prompt and output lengths lognormal, fitted to the
-  observed mean and p90; prefix-cache hits remove that share of each prompt's compute;
+- arrivals: a renewal process at `rate` whose gaps have the squared coefficient of variation
+  `arrival_cv2` (1: Poisson; gamma gaps otherwise, as `vllm bench serve --burstiness`);
+  prompt and output lengths lognormal, fitted to the observed mean and p90; prefix-cache hits
+  remove that share of each prompt's compute;
 - running decodes `R` by Little's law (rate x output length x mean step), or as observed;
 - the scheduler's walk over the steps, in order: step k admits what arrived before step
   k - 2 ended (async scheduling) and spends at most `budget - R` tokens on the oldest
@@ -38,6 +40,7 @@ from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
+import scipy.special
 
 from vllm_autotuner.core.physics import StepCurveFn, lognormal_sigma
 
@@ -50,6 +53,16 @@ _RNG = np.random.default_rng(20261203)
 # numbers shared by every evaluation.
 _GAPS: FloatArray = _RNG.exponential(1.0, _MAX_ARRIVALS)
 _ARRIVALS_UNIT: FloatArray = np.cumsum(_GAPS)
+# The same gaps as uniforms, for arrivals burstier or more regular than Poisson: gamma gaps of
+# shape 1 / cv2 through the gamma's quantile function, so that every shape shares the random
+# numbers and results move smoothly with it. Shapes sit on a grid (ratio ARRIVAL_CV2_RATIO)
+# and the last ARRIVAL_SHAPES_KEPT of them are kept (190 KiB each).
+_GAP_UNIFORMS: FloatArray = -np.expm1(-_GAPS)
+ARRIVAL_CV2_RATIO = 1.1
+ARRIVAL_SHAPES_KEPT = 8
+MIN_ARRIVAL_CV2 = 0.25
+MAX_ARRIVAL_CV2 = 6.0
+_ARRIVALS_BY_CV2: OrderedDict[int, FloatArray] = OrderedDict()
 _Z_PROMPT: FloatArray = _RNG.standard_normal(_MAX_ARRIVALS)
 _Z_STEP: FloatArray = _RNG.standard_normal(STEPS * 4)
 _Z_RUN: FloatArray = _RNG.standard_normal(STEPS * 4)
@@ -83,6 +96,7 @@ class Traffic:
     gen_mean: float
     gen_p90: float
     prefix_hit_rate: float = 0.0
+    arrival_cv2: float = 1.0  # squared coefficient of variation of inter-arrival gaps
 
     @property
     def hit_share(self) -> float:
@@ -205,9 +219,11 @@ def steady_state(
         t_mean, before = _next_mean_step(t_mean, path.step_mean, before), (t_mean, path.step_mean)
     step_mean = path.step_mean
     _, seq_util, kv_util = util
-    # Waiting for a sequence slot: an M/M/c queue with c = max_num_seqs servers whose service
-    # is a request's decode (Sakasegawa's approximation of the mean wait; exponential tail).
+    # Waiting for a sequence slot: a G/M/c queue with c = max_num_seqs servers whose service
+    # is a request's decode (Sakasegawa's M/M/c mean wait, times (cv2 + 1) / 2 for the gaps'
+    # variability as Allen-Cunneen's approximation has it; exponential tail).
     wait_mean = 0.0
+    burst = 0.5 * (1.0 + min(MAX_ARRIVAL_CV2, max(MIN_ARRIVAL_CV2, traffic.arrival_cv2)))
     if running is None:
         # The tighter of the two limits on admission, each as c servers busy for a decode.
         for servers, rho in (
@@ -215,7 +231,8 @@ def steady_state(
             (seqs_cap / max(seq_util, 1e-9) * kv_util, kv_util),
         ):
             if rho > 0.5:
-                wait_mean = max(wait_mean, _mmc_wait(max(1.0, servers), rho) * g * step_mean)
+                wait = _mmc_wait(max(1.0, servers), rho) * burst * g * step_mean
+                wait_mean = max(wait_mean, wait)
     itl_sorted, itl_cum, ttft_sorted = path.itl_sorted, path.itl_cum, path.ttft_sorted
 
     def itl(q: float) -> float:
@@ -334,10 +351,12 @@ def _utilisation(
     hit = traffic.hit_share
     kv_util = 0.0
     if knobs.kv_tokens is not None and knobs.kv_tokens > 0:
-        # The running set's context fluctuates (how many run, how long each is): the cache
-        # must hold two standard deviations above the mean, or decodes preempt each other.
+        # The running set's context fluctuates (how many run, how long each is; more under
+        # bursts): the cache must hold two standard deviations above the mean, or decodes
+        # preempt each other.
         r_kv = min(r, seqs_cap)
-        need = r_kv * ctx_per_seq + KV_SPREAD_SIGMAS * ctx_per_seq * math.sqrt(1.3 * r_kv)
+        spread = math.sqrt(1.3 * running_peakedness(traffic) * r_kv)
+        need = r_kv * ctx_per_seq + KV_SPREAD_SIGMAS * ctx_per_seq * spread
         kv_util = need / knobs.kv_tokens
     room = float(knobs.budget) - min(r, seqs_cap)
     token_util = lam * t_mean * p_mean * (1 - hit) / room if room > 0 else math.inf
@@ -493,10 +512,12 @@ def _sample_distributions(
         )
     warm = int(len(t_steps) * _WARMUP)
     body = t_steps[warm:]
-    # The running set is not constant: its size is about Poisson around the mean (requests
-    # come and go independently), and a step with more decodes is longer (more KV to read)
-    # and yields more tokens. Inter-token latencies are the steps weighted by their decodes.
-    decodes = np.maximum(1.0, r_eff + math.sqrt(max(r_eff, 1.0)) * _Z_RUN[: len(body)])
+    # The running set is not constant: its size spreads around the mean (Poisson for Poisson
+    # arrivals, wider for bursts: `running_peakedness`), and a step with more decodes is
+    # longer (more KV to read) and yields more tokens. Inter-token latencies are the steps
+    # weighted by their decodes.
+    spread = math.sqrt(running_peakedness(traffic) * max(r_eff, 1.0))
+    decodes = np.maximum(1.0, r_eff + spread * _Z_RUN[: len(body)])
     wider = max(1.0, r_eff * 1.25)
     slope = (
         float(curve_at(wider, ctx_per_seq)(np.array([wider]))[0])
@@ -528,6 +549,39 @@ def _mmc_wait(servers: float, rho: float) -> float:
     return float(rho ** (math.sqrt(2.0 * (servers + 1.0)) - 1.0) / (servers * (1.0 - rho)))
 
 
+def running_peakedness(traffic: Traffic) -> float:
+    """Variance over mean of the number of running requests: 1 for Poisson arrivals (M/G/inf);
+    for renewal arrivals whose gaps have variability `arrival_cv2`, 1 + (cv2 - 1) x kappa,
+    where kappa = int G^c(t)^2 dt / E[S] is 1/2 for exponential service times and 1 for
+    constant ones (Whitt's peakedness of G/GI/inf), taken here as 1 / (1 + cv2 of the output
+    length)."""
+    g = max(1.0, traffic.gen_mean)
+    sigma = lognormal_sigma(g, max(traffic.gen_p90, g * 1.0001))
+    kappa = math.exp(-sigma * sigma)  # 1 / (1 + cv2) of a log-normal
+    cv2 = min(MAX_ARRIVAL_CV2, max(MIN_ARRIVAL_CV2, traffic.arrival_cv2))
+    return 1.0 + (cv2 - 1.0) * kappa
+
+
+def arrivals_unit(cv2: float) -> FloatArray:
+    """Arrival times at rate 1 whose gaps have squared coefficient of variation `cv2` (1:
+    Poisson, the exponential gaps themselves; > 1 bursts, as `vllm bench serve --burstiness`
+    = 1 / cv2 draws them), rounded to the grid and kept within [MIN, MAX]_ARRIVAL_CV2."""
+    cv2 = min(MAX_ARRIVAL_CV2, max(MIN_ARRIVAL_CV2, cv2))
+    key = round(math.log(cv2) / math.log(ARRIVAL_CV2_RATIO))
+    if key == 0:
+        return _ARRIVALS_UNIT
+    found = _ARRIVALS_BY_CV2.get(key)
+    if found is None:
+        shape = ARRIVAL_CV2_RATIO ** (-key)
+        gaps = scipy.special.gammaincinv(shape, _GAP_UNIFORMS) / shape
+        found = _ARRIVALS_BY_CV2[key] = _frozen(np.cumsum(gaps))
+        if len(_ARRIVALS_BY_CV2) > ARRIVAL_SHAPES_KEPT:
+            _ARRIVALS_BY_CV2.popitem(last=False)
+    else:
+        _ARRIVALS_BY_CV2.move_to_end(key)
+    return found
+
+
 def _sample_path(
     lam: float,
     traffic: Traffic,
@@ -552,12 +606,13 @@ def _sample_path(
     15 ms where its own steps took 138 ms; TTFT p95 138 ms against 368 ms.)"""
     n_steps = steps
     horizon = n_steps * t_mean
-    n_arr = int(np.searchsorted(_ARRIVALS_UNIT, horizon * lam))
+    unit = arrivals_unit(traffic.arrival_cv2)
+    n_arr = int(np.searchsorted(unit, horizon * lam))
     if n_arr >= _MAX_ARRIVALS:
         n_arr = _MAX_ARRIVALS - 1
-        horizon = float(_ARRIVALS_UNIT[n_arr - 1]) / lam
+        horizon = float(unit[n_arr - 1]) / lam
         n_steps = max(50, min(len(_Z_STEP_LONG), int(horizon / t_mean)))
-    arrive = _ARRIVALS_UNIT[:n_arr] / lam
+    arrive = unit[:n_arr] / lam
     sigma = traffic.prompt_sigma
     mu = math.log(p_mean) - 0.5 * sigma * sigma
     prompt = np.maximum(np.exp(mu + sigma * _Z_PROMPT[:n_arr]) * (1.0 - hit), 1.0)
