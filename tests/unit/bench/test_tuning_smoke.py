@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from bench.tuning import methods
 from bench.tuning.promsim import TSDB, Evaluator, SimTransport
@@ -19,6 +20,7 @@ from bench.tuning.scenario import Scenario, parse
 from bench.tuning.truth import Truth
 from bench.tuning.world import World
 
+from vllm_autotuner.adapters import promql
 from vllm_autotuner.core.tuning_types import Knobs
 
 SMOKE: dict[str, Any] = {
@@ -135,3 +137,63 @@ def test_transport_answers_or_and_label_replace() -> None:
     assert got == {("mean", 2.0), ("max", 3.0)}
     with pytest.raises(ValueError):
         Evaluator(db).query("histogram_quantile(0.9, g)", 20)
+
+
+def _scraped_counts(increments: list[float], pods: tuple[str, ...] = ("a",)) -> TSDB:
+    """A first-token counter per pod, scraped every 15 s, growing by `increments`."""
+    db = TSDB()
+    for pod in pods:
+        total = 0.0
+        labels = {"__name__": "vllm:time_to_first_token_seconds_count", "pod": pod,
+                  "namespace": "ns", "model_name": "m"}  # fmt: skip
+        for i, inc in enumerate([0.0, *increments]):
+            total += inc
+            db.append(labels, 15.0 * i, total)
+    return db
+
+
+def _dispersion_of(db: TSDB, t: float, window_s: int = 300) -> tuple[float | None, int]:
+    sel = promql.Selector(namespaces=("ns",), pods=("a", "b"))
+    signal = promql.SIGNALS_BY_KEY["arrivals"]
+    expr = promql.build_query(signal, ("vllm:time_to_first_token_seconds_count",), sel, window_s)
+    samples = promql.parse_vector(asyncio.run(SimTransport(db).query(expr, t)))
+    by_pod: dict[str, list[promql.Sample]] = {}
+    for s in samples:
+        by_pod.setdefault(s.labels["pod"], []).append(s)
+    return promql._dispersion(by_pod, window_s)
+
+
+def test_a_subquery_samples_its_inner_query_at_multiples_of_its_step() -> None:
+    db = _scraped_counts([3.0, 5.0, 3.0, 5.0, 3.0, 5.0])  # scrapes at 0, 15, ..., 90 s
+    ev = Evaluator(db)
+    # idelta at 30, 45, 60, 75, 90 s: the last scrape interval's count, 5, 3, 5, 3, 5.
+    ((_, mean),) = ev.query("avg_over_time((idelta(vllm:time_to_first_token_seconds_count"
+                            "[60s]))[60s:15s])", 90.0)  # fmt: skip
+    assert mean == pytest.approx((5 + 3 + 5 + 3) / 4)  # (30, 90]: 45, 60, 75, 90
+    ((_, var),) = ev.query("stdvar_over_time((idelta(vllm:time_to_first_token_seconds_count"
+                           "[60s]))[60s:15s])", 90.0)  # fmt: skip
+    assert var == pytest.approx(1.0)
+    ((_, n),) = ev.query("count_over_time(vllm:time_to_first_token_seconds_count[60s])", 90.0)
+    assert n == 5  # 30, 45, 60, 75, 90
+
+
+def test_the_dispersion_query_tells_poisson_from_bursts() -> None:
+    """The adapter's own query on Poisson and on gamma (shape 0.3) arrivals at 10 req/s:
+    variance over mean of the counts per scrape near 1 and near the gaps' cv2 (3.3)."""
+    rng = np.random.default_rng(7)
+    for shape, expected in ((1.0, 1.0), (0.3, 1.0 / 0.3)):
+        times = np.cumsum(rng.gamma(shape, 1.0 / (shape * 10.0), size=40_000))
+        counts = np.histogram(times, bins=np.arange(0.0, 3601.0, 15.0))[0]
+        d, n = _dispersion_of(_scraped_counts([float(c) for c in counts], ("a", "b")), 3600.0)
+        assert n == 2 * 20  # 21 scrapes per pod in 300 s: 20 intervals each
+        assert d is not None and d == pytest.approx(expected, rel=0.5)
+
+
+def test_the_dispersion_of_steady_counts_is_zero_and_a_reset_counts_nothing() -> None:
+    d, n = _dispersion_of(_scraped_counts([10.0] * 30), 450.0)
+    assert d == pytest.approx(0.0, abs=1e-9) and n == 20
+    db = _scraped_counts([10.0] * 30)
+    db.append({"__name__": "vllm:time_to_first_token_seconds_count", "pod": "a",
+               "namespace": "ns", "model_name": "m"}, 465.0, 4.0)  # fmt: skip
+    d, _ = _dispersion_of(db, 465.0)
+    assert d is not None and d < 2.0  # the reset's -296 is clamped to 0, not squared
