@@ -30,6 +30,7 @@ from typing import Any
 
 Labels = tuple[tuple[str, str], ...]
 Instant = list[tuple[dict[str, str], float]]
+_Windowed = tuple[dict[str, str], list[float], list[float]]  # labels, times, values
 
 
 @dataclass
@@ -408,10 +409,12 @@ class Evaluator:
                 windows.append((s.labels, times, values))
         return self._over_time(node.fn, windows, t, w)
 
-    def _subquery(self, sub: _Sub, t: float) -> list[tuple[dict[str, str], list[float], list[float]]]:
+    def _subquery(
+        self, sub: _Sub, t: float
+    ) -> list[tuple[dict[str, str], list[float], list[float]]]:
         """`sub.inner` at every multiple of the step in (t - range, t], as series."""
         first = math.floor((t - sub.range_s) / sub.step_s) * sub.step_s + sub.step_s
-        series: dict[Labels, tuple[dict[str, str], list[float], list[float]]] = {}
+        series: dict[Labels, _Windowed] = {}
         k = 0
         while (at := first + k * sub.step_s) <= t + 1e-9:
             for labels, v in self._eval(sub.inner, at):
@@ -425,7 +428,7 @@ class Evaluator:
     @staticmethod
     def _over_time(
         fn: str,
-        windows: Iterable[tuple[dict[str, str], list[float], list[float]]],
+        windows: Iterable[_Windowed],
         t: float,
         w: float,
     ) -> Instant:

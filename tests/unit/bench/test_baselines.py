@@ -4,7 +4,6 @@ benchmark runs sized by time so that long outputs reach steady state."""
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any
 
 import numpy as np

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from bench.tuning import methods
 from bench.tuning.promsim import TSDB, Evaluator, SimTransport
-from bench.tuning.scenario import Scenario, parse
+from bench.tuning.scenario import Scenario, load, parse
 from bench.tuning.truth import Truth
 from bench.tuning.world import World
 
@@ -197,3 +197,16 @@ def test_the_dispersion_of_steady_counts_is_zero_and_a_reset_counts_nothing() ->
                "namespace": "ns", "model_name": "m"}, 465.0, 4.0)  # fmt: skip
     d, _ = _dispersion_of(db, 465.0)
     assert d is not None and d < 2.0  # the reset's -296 is clamped to 0, not squared
+
+
+def test_one_pod_sees_the_bursts_thinned_by_the_routing() -> None:
+    s = load("bench/scenarios/bursty-8b-h100.yaml")  # shape 0.3 over 2 pods, at random
+    assert s.pod_burstiness() == pytest.approx(1.0 / (0.5 / 0.3 + 0.5))  # cv2 2.17
+    one = dataclasses.replace(s, replicas=1)
+    assert one.pod_burstiness() == pytest.approx(0.3)
+    calm = dataclasses.replace(s, workload={**s.workload, "burstiness": 1.0})
+    assert calm.pod_burstiness() == 1.0
+    assert calm.truth_key() != s.truth_key()
+    spec = s.shape(20.0, 4000, 3)
+    gaps = np.diff([r.arrival_time for r in spec.generate()])
+    assert gaps.var() / gaps.mean() ** 2 == pytest.approx(0.5 / 0.3 + 0.5, rel=0.2)
