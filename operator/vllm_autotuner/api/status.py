@@ -146,6 +146,14 @@ class ModelCheck(StatusModel):
     agrees: bool | None = Field(
         default=None, description="Whether the predicted SLO percentiles match the measured."
     )
+    arrival_cv2: float | None = Field(
+        default=None,
+        alias="arrivalCv2",
+        ge=0,
+        description="Burstiness the model assumed: squared coefficient of variation of the "
+        "gaps between one pod's arrivals (1 = Poisson, more = bursts), from the window's "
+        "first-token counts per scrape interval.",
+    )
 
 
 class TuningStatus(StatusModel):

@@ -759,6 +759,7 @@ def _steady(
         measured_slo_ratio=worst_ratio(snap, policy.slo),
         fit_error=cal.fit_error,
         agrees=prediction_agrees(snap, policy.slo, current),
+        arrival_cv2=workload.arrival_cv2,
     )
     diag = _with_model_violations(
         diagnose(snap, policy.slo, applied, policy.min_requests_per_window), check, current, policy

@@ -472,6 +472,9 @@ class ModelCheck:
     # The predicted SLO percentiles at the measured load are what the window's histograms
     # show (within MODEL_SLO_TOLERANCE, or inside the bucket that holds the measurement).
     agrees: bool = False
+    # The burstiness the model assumed: the squared coefficient of variation of the gaps
+    # between one pod's arrivals (1: Poisson), from the window's first-token counts.
+    arrival_cv2: float = 1.0
 
     @property
     def trusted(self) -> bool:
@@ -490,6 +493,7 @@ class ModelCheck:
             "measuredSloRatio": _round(_finite(self.measured_slo_ratio)),
             "fitError": _round(self.fit_error, 4),
             "agrees": self.agrees,
+            "arrivalCv2": _round(self.arrival_cv2),
         }
 
     @classmethod
@@ -505,6 +509,7 @@ class ModelCheck:
             measured_slo_ratio=_opt_float(d.get("measuredSloRatio")),
             fit_error=_opt_float(d.get("fitError")),
             agrees=bool(d.get("agrees", False)),
+            arrival_cv2=float(d.get("arrivalCv2") or 1.0),
         )
 
 

@@ -19,7 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.unit.core.test_decide import KNOBS, make_snapshot, run
 from tests.unit.core.test_steady_state import COSTS, CURVE, TTFT_NOISE, state, traffic
+from vllm_autotuner.api.status import ModelCheck as ApiModelCheck
 from vllm_autotuner.core.snapshot import MIN_DISPERSION_INTERVALS, Snapshot, arrival_cv2
 from vllm_autotuner.core.steady_state import (
     MAX_ARRIVAL_CV2,
@@ -28,6 +30,7 @@ from vllm_autotuner.core.steady_state import (
     running_peakedness,
     steady_state,
 )
+from vllm_autotuner.core.tuning_types import ModelCheck, TuningState
 
 T0 = datetime(2026, 12, 6, tzinfo=UTC)
 
@@ -103,3 +106,18 @@ def test_bursts_lengthen_the_tail_of_first_tokens() -> None:
     a = steady_state(calm, Knobs3(2048, 1024, 4e5), CURVE, COSTS)
     b = steady_state(replace(calm, arrival_cv2=3.0), Knobs3(2048, 1024, 4e5), CURVE, COSTS)
     assert b.ttft(0.95) > 1.2 * a.ttft(0.95)
+
+
+def test_the_assumed_burstiness_is_in_status_and_survives_a_restart() -> None:
+    bursty = make_snapshot(arrival_dispersion=2.4, arrival_intervals=40)
+    d = run(TuningState.initial(KNOBS), bursty)
+    check = d.new_state.model_check
+    assert check is not None
+    assert check.arrival_cv2 == pytest.approx(2.4 - math.sqrt(2 / 40))
+    wire = check.to_dict()
+    back = ModelCheck.from_dict(wire)  # numbers rounded to 3 digits on the wire
+    assert back.arrival_cv2 == pytest.approx(check.arrival_cv2, abs=1e-3)
+    assert back.to_dict() == wire
+    assert ApiModelCheck.model_validate(wire).arrival_cv2 == wire["arrivalCv2"]
+    calm = run(TuningState.initial(KNOBS), make_snapshot()).new_state.model_check
+    assert calm is not None and calm.arrival_cv2 == 1.0
