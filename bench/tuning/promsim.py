@@ -8,7 +8,7 @@ extrapolation to the window's edges, histogram buckets summed over pods — thro
 `_Transport` protocol (`query`, `label_values`) from `TSDB`; the evaluator covers exactly the
 shapes `adapters.promql.build_query` emits (selectors with `=`, `!=`, `=~`, `!~`; `increase`,
 `rate`, `idelta`, `avg_over_time`, `max_over_time`, `last_over_time`, `stdvar_over_time`,
-`count_over_time`, over a range or a subquery `(...)[range:step]`; `clamp_min`,
+`count_over_time`, over a range or a subquery `(...)[range:step]` (with an `offset`); `clamp_min`,
 `label_replace`; `sum`, `avg`, `max`, `min`, `count` with `by`; `or`) and raises on anything
 else, so a new query shape in the adapter
 fails loudly here instead of being answered wrongly.
@@ -173,12 +173,13 @@ class _Agg:
 
 @dataclass(frozen=True)
 class _Sub:
-    """A subquery `(inner)[range:step]`: `inner` evaluated every `step` seconds (at multiples
-    of it, as Prometheus aligns them) over (t - range, t]."""
+    """A subquery `(inner)[range:step] offset o`: `inner` evaluated every `step` seconds (at
+    multiples of it, as Prometheus aligns them) over (t - o - range, t - o]."""
 
     inner: Any
     range_s: float
     step_s: float
+    offset_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,12 @@ class _Parser:
             if tok is not None and tok[0] == "dur" and ":" in tok[1]:
                 self.take()
                 span, step = tok[1].strip("[] \t").split(":")
-                return _Sub(node, _seconds(span), _seconds(step))
+                offset = 0.0
+                if self.peek() == ("id", "offset"):
+                    self.take()
+                    number = self.take()[1]
+                    offset = _seconds(number + self.take()[1])
+                return _Sub(node, _seconds(span), _seconds(step), offset)
             return node
         if kind == "num":
             self.take()
@@ -413,6 +419,7 @@ class Evaluator:
         self, sub: _Sub, t: float
     ) -> list[tuple[dict[str, str], list[float], list[float]]]:
         """`sub.inner` at every multiple of the step in (t - range, t], as series."""
+        t -= sub.offset_s
         first = math.floor((t - sub.range_s) / sub.step_s) * sub.step_s + sub.step_s
         series: dict[Labels, _Windowed] = {}
         k = 0

@@ -210,3 +210,17 @@ def test_one_pod_sees_the_bursts_thinned_by_the_routing() -> None:
     spec = s.shape(20.0, 4000, 3)
     gaps = np.diff([r.arrival_time for r in spec.generate()])
     assert gaps.var() / gaps.mean() ** 2 == pytest.approx(0.5 / 0.3 + 0.5, rel=0.2)
+
+
+def test_a_load_step_inside_the_window_is_not_a_burst() -> None:
+    """Poisson counts at 10 then 20 req/s, the step inside the window: the segments' means
+    say the load moved, and the window tells nothing of burstiness (their variance over mean
+    would read about 20). A ramp of a few percent over the window still counts."""
+    rng = np.random.default_rng(11)
+    for at in (25, 30, 35):  # the step a quarter, half and three quarters into the window
+        counts = [float(rng.poisson(150.0 if i < at else 300.0)) for i in range(40)]
+        d, n = _dispersion_of(_scraped_counts(counts, ("a", "b")), 15.0 * 40)
+        assert d is None and n == 0
+    ramp = [float(rng.poisson(150.0 * (1.0 + 0.05 * i / 40))) for i in range(40)]
+    d, _ = _dispersion_of(_scraped_counts(ramp, ("a", "b")), 15.0 * 40)
+    assert d is not None and 0.4 < d < 1.8
