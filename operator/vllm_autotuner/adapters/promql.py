@@ -61,9 +61,9 @@ SignalKind = Literal[
 IDELTA_RANGE_S = 120
 DISPERSION_STEPS = 40
 DISPERSION_SEGMENTS = 4
-# Segment means that spread more than this many times what the counts' own noise gives them
-# (a chi-square with 3 degrees of freedom over 3 passes 4 with probability 0.7 %): the load
-# changed inside the window.
+# Segment means that spread more than this many times what Poisson counts give them (for
+# Poisson counts, a chi-square with 3 degrees of freedom over 3 passes 4 with probability
+# 0.7 %): the load changed inside the window.
 DISPERSION_STEADY = 4.0
 
 
@@ -321,21 +321,17 @@ def build_query(signal: Signal, names: str | Sequence[str], sel: Selector, windo
 
 
 def _dispersion_query(counter: str, by: str, window_s: int) -> str:
-    """Per pod: the variance and the mean of its counts per scrape interval over the window
-    (a counter reset counts 0, not minus the total), the mean of each of the window's
-    DISPERSION_SEGMENTS parts (a change of load is not burstiness), and how many scrapes the
-    window holds."""
+    """Per pod, for each of the window's DISPERSION_SEGMENTS parts: the variance and the mean
+    of its counts per scrape interval (a counter reset counts 0, not minus the total); and
+    how many scrapes the whole window holds."""
     step = max(1, window_s // DISPERSION_STEPS)
     seg = max(step, window_s // DISPERSION_SEGMENTS)
     counts = f"(sum by ({by}) (clamp_min(idelta({counter}[{IDELTA_RANGE_S}s]), 0)))"
-    parts = [
-        ("var", f"stdvar_over_time({counts}[{window_s}s:{step}s])"),
-        ("mean", f"avg_over_time({counts}[{window_s}s:{step}s])"),
-        ("n", f"max by ({by}) (count_over_time({counter}[{window_s}s]))"),
-    ]
+    parts = [("n", f"max by ({by}) (count_over_time({counter}[{window_s}s]))")]
     for j in range(DISPERSION_SEGMENTS):
         back = f" offset {seg * j}s" if j else ""
-        parts.append((f"seg{j}", f"avg_over_time({counts}[{seg}s:{step}s]{back})"))
+        parts.append((f"var{j}", f"stdvar_over_time({counts}[{seg}s:{step}s]{back})"))
+        parts.append((f"mean{j}", f"avg_over_time({counts}[{seg}s:{step}s]{back})"))
     return " or ".join(_tagged(expr, part) for part, expr in parts)
 
 
@@ -665,37 +661,41 @@ def _gauge(
     return (sum(means) / len(means) if means else None, max(peaks) if peaks else None)
 
 
-def _dispersion(by_pod: Mapping[str, Sequence[Sample]], window_s: int) -> tuple[float | None, int]:
+def _dispersion(
+    by_pod: Mapping[str, Sequence[Sample]], window_s: int
+) -> tuple[float | None, int]:
     """(variance over mean of the pods' counts per scrape interval, pooled: the sum of the
     variances over the sum of the means; how many intervals it rests on). Only pods whose load
     held steady count: a change of load inside the window is not burstiness.
 
-    Per pod the variance is split into the part between the window's segments (their means'
-    spread) and the part within them, which alone is burstiness (corrected for the segments'
-    own means: times n / (n - k) for n intervals in k segments). A pod whose segment means
-    spread more than DISPERSION_STEADY times what that burstiness would give them changed
-    load inside the window, and is left out: a window over chat-8b-h100's load step (16 to 28
-    req/s per pod) read as a dispersion of about 40 before (cv2 at its clamp, 6)."""
-    var, mean, scrapes = _parts(by_pod, "var"), _parts(by_pod, "mean"), _parts(by_pod, "n")
-    segments = [_parts(by_pod, f"seg{j}") for j in range(DISPERSION_SEGMENTS)]
-    steps = window_s // max(1, window_s // DISPERSION_STEPS)
+    Per pod, the variance is the mean of the segments' own, each corrected for its own mean
+    (times m / (m - 1) for m intervals). A pod whose segment means spread more than
+    DISPERSION_STEADY times what Poisson counts give them (their mean over m) changed load
+    inside the window, and is left out; so is, now and then, a steady pod with strong bursts,
+    which leaves the model at Poisson, as it was. Without the check, windows over
+    chat-8b-h100's load step (16 to 28 req/s per pod) read as a dispersion of 8 to 40; with a
+    check against the window's own variance, 5 intervals a segment let one through at 2.6."""
     k = DISPERSION_SEGMENTS
+    scrapes = _parts(by_pod, "n")
+    seg_var = [_parts(by_pod, f"var{j}") for j in range(k)]
+    seg_mean = [_parts(by_pod, f"mean{j}") for j in range(k)]
+    steps = window_s // max(1, window_s // DISPERSION_STEPS)
     total_var = total_mean = 0.0
     intervals = 0
-    for pod, m in mean.items():
-        v, n = var.get(pod), min(int(scrapes.get(pod, 0.0)) - 1, steps)
-        seg = [s[pod] for s in segments if pod in s]
-        if v is None or not (m > 0 and v >= 0 and n >= k + 2 and len(seg) == k):
+    for pod, n_scrapes in scrapes.items():
+        n = min(int(n_scrapes) - 1, steps)
+        vs = [v[pod] for v in seg_var if pod in v]
+        ms = [m[pod] for m in seg_mean if pod in m]
+        if len(vs) < k or len(ms) < k or n < k + 2 or not all(map(math.isfinite, vs + ms)):
             continue
-        if not all(math.isfinite(x) for x in (v, m, *seg)):
-            continue
-        between = sum((x - m) ** 2 for x in seg) / k
-        within = max(0.0, v - between) * n / (n - k)
-        if between > DISPERSION_STEADY * (within / n) * k + 1e-9:
-            continue  # the load moved
-        total_var += within
-        total_mean += m
-        intervals += n
+        mean = sum(ms) / k
+        per_segment = n / k
+        between = sum((m - mean) ** 2 for m in ms) / (k - 1)
+        if mean <= 0 or min(vs) < 0 or between > DISPERSION_STEADY * mean / per_segment:
+            continue  # no arrivals, a corrupt answer, or the load moved
+        total_var += sum(vs) / k * per_segment / (per_segment - 1)
+        total_mean += mean
+        intervals += n - k
     if total_mean <= 0:
         return None, 0
     return total_var / total_mean, intervals

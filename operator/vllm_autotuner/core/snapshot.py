@@ -246,16 +246,16 @@ def arrival_cv2(snapshot: Snapshot) -> float:
     than a gap tends to the gaps' cv2, and it is exactly 1 for Poisson counts at any interval
     (Cox and Lewis, The Statistical Analysis of Series of Events, 1966). From `n` intervals of
     Poisson counts the estimate's standard error is about sqrt(2 / n) (a chi-square's); the
-    estimate is shrunk towards 1 by that much (soft thresholding), so that noise alone does
-    not move the model. Less than 1 is taken as 1: an engine past saturation spaces its first
-    tokens at its own pace, so counts of first tokens look regular whatever the arrivals (a
-    window at the capacity of bursty-8b-h100 showed 0.69 for Poisson arrivals). Too few
-    intervals, or none: 1."""
+    estimate is shrunk towards 1 by two of them (soft thresholding), so that noise alone
+    seldom moves the model (one window in 40 of Poisson traffic, and then a little). Less
+    than 1 is taken as 1: an engine past saturation spaces its first tokens at its own pace,
+    so counts of first tokens look regular whatever the arrivals (a window at the capacity of
+    bursty-8b-h100 showed 0.69 for Poisson arrivals). Too few intervals, or none: 1."""
     d = snapshot.arrival_dispersion
     n = snapshot.arrival_intervals
     if d is None or not math.isfinite(d) or n < MIN_DISPERSION_INTERVALS:
         return 1.0
-    return max(1.0, d - math.sqrt(2.0 / n))
+    return max(1.0, d - 2.0 * math.sqrt(2.0 / n))
 
 
 MAX_WINDOW_FACTOR = 6

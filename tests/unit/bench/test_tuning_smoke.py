@@ -185,13 +185,13 @@ def test_the_dispersion_query_tells_poisson_from_bursts() -> None:
         times = np.cumsum(rng.gamma(shape, 1.0 / (shape * 10.0), size=40_000))
         counts = np.histogram(times, bins=np.arange(0.0, 3601.0, 15.0))[0]
         d, n = _dispersion_of(_scraped_counts([float(c) for c in counts], ("a", "b")), 3600.0)
-        assert n == 2 * 20  # 21 scrapes per pod in 300 s: 20 intervals each
+        assert n == 2 * (20 - 4)  # 20 intervals a pod in 300 s, less 4 segment means
         assert d is not None and d == pytest.approx(expected, rel=0.5)
 
 
 def test_the_dispersion_of_steady_counts_is_zero_and_a_reset_counts_nothing() -> None:
     d, n = _dispersion_of(_scraped_counts([10.0] * 30), 450.0)
-    assert d == pytest.approx(0.0, abs=1e-9) and n == 20
+    assert d == pytest.approx(0.0, abs=1e-9) and n == 20 - 4
     db = _scraped_counts([10.0] * 30)
     db.append({"__name__": "vllm:time_to_first_token_seconds_count", "pod": "a",
                "namespace": "ns", "model_name": "m"}, 465.0, 4.0)  # fmt: skip
