@@ -661,9 +661,7 @@ def _gauge(
     return (sum(means) / len(means) if means else None, max(peaks) if peaks else None)
 
 
-def _dispersion(
-    by_pod: Mapping[str, Sequence[Sample]], window_s: int
-) -> tuple[float | None, int]:
+def _dispersion(by_pod: Mapping[str, Sequence[Sample]], window_s: int) -> tuple[float | None, int]:
     """(variance over mean of the pods' counts per scrape interval, pooled: the sum of the
     variances over the sum of the means; how many intervals it rests on). Only pods whose load
     held steady count: a change of load inside the window is not burstiness.
