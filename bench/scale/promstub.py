@@ -7,8 +7,9 @@ every pod the query's `pod` matcher names, and records every request with its ar
 the benchmark can count queries per metrics cycle.
 
 The answer shapes follow what `adapters.promql.build_query` asks for (bucket rows with `le`, the
-`_sum` under `le="sum"`, gauge halves tagged with `autotuner_part`, the cache-config info
-series), so the adapter assembles available snapshots through its production code path.
+`_sum` under `le="sum"`, gauge halves and the burstiness query's segments tagged with
+`autotuner_part`, the cache-config info series), so the adapter assembles available
+snapshots through its production code path.
 """
 
 from __future__ import annotations
@@ -147,6 +148,17 @@ class StubPrometheus:
                     rows.append(row({**base, "autotuner_part": "mean"}, level))
                     rows.append(row({**base, "autotuner_part": "max"}, level * 1.5))
                 return rows
+        if "idelta(" in expr:  # burstiness: per segment, Poisson counts per 15 s scrape
+            per_scrape = REQUEST_RATE * 15.0
+            per_segment = window / 15.0 / 4  # a population variance: (m - 1) / m of Poisson's
+            for pod, ns in known:
+                base = {"namespace": ns, "pod": pod, "model_name": self.model}
+                rows.append(row({**base, "autotuner_part": "n"}, window / 15.0 + 1.0))
+                var = per_scrape * (per_segment - 1) / per_segment
+                for j in range(4):
+                    rows.append(row({**base, "autotuner_part": f"var{j}"}, var))
+                    rows.append(row({**base, "autotuner_part": f"mean{j}"}, per_scrape))
+            return rows
         if "prefix_cache_hits" in expr:
             for pod, ns in known:
                 base = {"namespace": ns, "pod": pod, "model_name": self.model}
