@@ -32,13 +32,12 @@ from vllm_autotuner.core.physics import (
 )
 from vllm_autotuner.core.snapshot import LatencySummary, Snapshot, arrival_cv2
 from vllm_autotuner.core.steady_state import (
-    MAX_ARRIVAL_CV2,
-    MIN_ARRIVAL_CV2,
     Costs,
     Knobs3,
     SteadyState,
     StepCurve,
     Traffic,
+    clamp_cv2,
     steady_state,
 )
 from vllm_autotuner.core.tuning_types import SLO, DeploymentContext, Knobs
@@ -1192,7 +1191,7 @@ class EngineModel:
             prefix_ratio=min(0.95, w.prefix_hit_rate),
             prefix_groups=4,
             max_requests=n,
-            burstiness=1.0 / min(MAX_ARRIVAL_CV2, max(MIN_ARRIVAL_CV2, w.arrival_cv2)),
+            burstiness=1.0 / clamp_cv2(w.arrival_cv2),
         ).with_rate(rate)
         requests = [r for r in spec.generate() if r.prompt_len + r.max_tokens <= limit]
         if not requests:

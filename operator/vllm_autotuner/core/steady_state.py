@@ -30,6 +30,7 @@ Stability: the prefill flow must fit in the budget left by the decodes, `R` must
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
@@ -62,7 +63,6 @@ ARRIVAL_CV2_RATIO = 1.1
 ARRIVAL_SHAPES_KEPT = 8
 MIN_ARRIVAL_CV2 = 0.25
 MAX_ARRIVAL_CV2 = 6.0
-_ARRIVALS_BY_CV2: OrderedDict[int, FloatArray] = OrderedDict()
 _Z_PROMPT: FloatArray = _RNG.standard_normal(_MAX_ARRIVALS)
 _Z_STEP: FloatArray = _RNG.standard_normal(STEPS * 4)
 _Z_RUN: FloatArray = _RNG.standard_normal(STEPS * 4)
@@ -223,7 +223,7 @@ def steady_state(
     # is a request's decode (Sakasegawa's M/M/c mean wait, times (cv2 + 1) / 2 for the gaps'
     # variability as Allen-Cunneen's approximation has it; exponential tail).
     wait_mean = 0.0
-    burst = 0.5 * (1.0 + min(MAX_ARRIVAL_CV2, max(MIN_ARRIVAL_CV2, traffic.arrival_cv2)))
+    burst = 0.5 * (1.0 + clamp_cv2(traffic.arrival_cv2))
     if running is None:
         # The tighter of the two limits on admission, each as c servers busy for a decode.
         for servers, rho in (
@@ -558,28 +558,27 @@ def running_peakedness(traffic: Traffic) -> float:
     g = max(1.0, traffic.gen_mean)
     sigma = lognormal_sigma(g, max(traffic.gen_p90, g * 1.0001))
     kappa = math.exp(-sigma * sigma)  # 1 / (1 + cv2) of a log-normal
-    cv2 = min(MAX_ARRIVAL_CV2, max(MIN_ARRIVAL_CV2, traffic.arrival_cv2))
-    return 1.0 + (cv2 - 1.0) * kappa
+    return 1.0 + (clamp_cv2(traffic.arrival_cv2) - 1.0) * kappa
+
+
+def clamp_cv2(cv2: float) -> float:
+    """`cv2` within the burstiness the model samples: [MIN_ARRIVAL_CV2, MAX_ARRIVAL_CV2]."""
+    return min(MAX_ARRIVAL_CV2, max(MIN_ARRIVAL_CV2, cv2))
 
 
 def arrivals_unit(cv2: float) -> FloatArray:
     """Arrival times at rate 1 whose gaps have squared coefficient of variation `cv2` (1:
     Poisson, the exponential gaps themselves; > 1 bursts, as `vllm bench serve --burstiness`
-    = 1 / cv2 draws them), rounded to the grid and kept within [MIN, MAX]_ARRIVAL_CV2."""
-    cv2 = min(MAX_ARRIVAL_CV2, max(MIN_ARRIVAL_CV2, cv2))
-    key = round(math.log(cv2) / math.log(ARRIVAL_CV2_RATIO))
-    if key == 0:
-        return _ARRIVALS_UNIT
-    found = _ARRIVALS_BY_CV2.get(key)
-    if found is None:
-        shape = ARRIVAL_CV2_RATIO ** (-key)
-        gaps = scipy.special.gammaincinv(shape, _GAP_UNIFORMS) / shape
-        found = _ARRIVALS_BY_CV2[key] = _frozen(np.cumsum(gaps))
-        if len(_ARRIVALS_BY_CV2) > ARRIVAL_SHAPES_KEPT:
-            _ARRIVALS_BY_CV2.popitem(last=False)
-    else:
-        _ARRIVALS_BY_CV2.move_to_end(key)
-    return found
+    = 1 / cv2 draws them), clamped (`clamp_cv2`) and rounded to the grid."""
+    key = round(math.log(clamp_cv2(cv2)) / math.log(ARRIVAL_CV2_RATIO))
+    return _ARRIVALS_UNIT if key == 0 else _gamma_arrivals(key)
+
+
+@functools.lru_cache(maxsize=ARRIVAL_SHAPES_KEPT)  # thread-safe: decide() runs in threads
+def _gamma_arrivals(key: int) -> FloatArray:
+    shape = ARRIVAL_CV2_RATIO ** (-key)
+    gaps = scipy.special.gammaincinv(shape, _GAP_UNIFORMS) / shape
+    return _frozen(np.cumsum(gaps))
 
 
 def _sample_path(
