@@ -8,10 +8,10 @@ extrapolation to the window's edges, histogram buckets summed over pods — thro
 `_Transport` protocol (`query`, `label_values`) from `TSDB`; the evaluator covers exactly the
 shapes `adapters.promql.build_query` emits (selectors with `=`, `!=`, `=~`, `!~`; `increase`,
 `rate`, `idelta`, `avg_over_time`, `max_over_time`, `last_over_time`, `stdvar_over_time`,
-`count_over_time`, over a range or a subquery `(...)[range:step]` (with an `offset`); `clamp_min`,
-`label_replace`; `sum`, `avg`, `max`, `min`, `count` with `by`; `or`) and raises on anything
-else, so a new query shape in the adapter
-fails loudly here instead of being answered wrongly.
+`count_over_time`, over a range or over a subquery `(...)[range:step]`, with an `offset`;
+`clamp_min`, `label_replace`; `sum`, `avg`, `max`, `min`, `count` with `by`; `or`) and raises
+on anything else, so a new query shape in the adapter fails loudly here instead of being
+answered wrongly.
 
 Semantics follow Prometheus 2.x: a range `[W]` selects samples in [t-W, t]; `increase` is
 `extrapolatedRate` (counter-reset correction, extrapolation to the window edges when the gap is
@@ -415,9 +415,7 @@ class Evaluator:
                 windows.append((s.labels, times, values))
         return self._over_time(node.fn, windows, t, w)
 
-    def _subquery(
-        self, sub: _Sub, t: float
-    ) -> list[tuple[dict[str, str], list[float], list[float]]]:
+    def _subquery(self, sub: _Sub, t: float) -> list[_Windowed]:
         """`sub.inner` at every multiple of the step in (t - range, t], as series."""
         t -= sub.offset_s
         first = math.floor((t - sub.range_s) / sub.step_s) * sub.step_s + sub.step_s

@@ -664,7 +664,8 @@ class World:
                 db.append({**base, "__name__": h.name + "_bucket", "le": le}, t, float(cum))
             db.append({**base, "__name__": h.name + "_sum"}, t, h.sum)
             if h is m.ttft:  # the one _count the adapter reads (burstiness); the rest unread
-                db.append({**base, "__name__": h.name + "_count"}, t, float(cum))
+                count = h.bucket_counts()[-1][1]  # the +Inf bucket
+                db.append({**base, "__name__": h.name + "_count"}, t, float(count))
         if m.gauge_provider is not None:
             running, waiting, usage = m.gauge_provider()
             db.append({**base, "__name__": "vllm:num_requests_running"}, t, float(running))
