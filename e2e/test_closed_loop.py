@@ -380,7 +380,12 @@ def test_operator_killed_mid_rollout_resumes_the_same_trial_without_a_second_rol
     ]
     assert len(canary_scaled) == 1, [e.get("message") for e in canary_scaled]
     reasons = loop.event_reasons()
-    assert reasons.count("CanaryStarted") + reasons.count("RolloutStarted") == 1, reasons
+    # At most one: a restart must not announce (or start) the trial again. Possibly none: the
+    # operator posts a reconcile's events after writing its status (operator.py), so a kill -9
+    # that follows the status write at once loses that reconcile's events. Kubernetes events
+    # are best effort; the status is the record (seen once, in the tenth session).
+    started = reasons.count("CanaryStarted") + reasons.count("RolloutStarted")
+    assert started <= 1, reasons
     verdict = "TuningCommitted" if finished[0]["outcome"] == "Committed" else "TuningRolledBack"
     assert verdict in reasons, reasons
     print(f"\nkilled in {killed_in}; trial 1 ended {finished[0]['outcome']}; reasons {reasons}")
