@@ -320,11 +320,16 @@ def build_query(signal: Signal, names: str | Sequence[str], sel: Selector, windo
     return f"last_over_time({series(spelled, '', m)}{w})"
 
 
+def _dispersion_step(window_s: int) -> int:
+    """Seconds between the burstiness subquery's samples: about DISPERSION_STEPS a window."""
+    return max(1, window_s // DISPERSION_STEPS)
+
+
 def _dispersion_query(counter: str, by: str, window_s: int) -> str:
     """Per pod, for each of the window's DISPERSION_SEGMENTS parts: the variance and the mean
     of its counts per scrape interval (a counter reset counts 0, not minus the total); and
     how many scrapes the whole window holds."""
-    step = max(1, window_s // DISPERSION_STEPS)
+    step = _dispersion_step(window_s)
     seg = max(step, window_s // DISPERSION_SEGMENTS)
     counts = f"(sum by ({by}) (clamp_min(idelta({counter}[{IDELTA_RANGE_S}s]), 0)))"
     parts = [("n", f"max by ({by}) (count_over_time({counter}[{window_s}s]))")]
@@ -677,7 +682,7 @@ def _dispersion(by_pod: Mapping[str, Sequence[Sample]], window_s: int) -> tuple[
     scrapes = _parts(by_pod, "n")
     seg_var = [_parts(by_pod, f"var{j}") for j in range(k)]
     seg_mean = [_parts(by_pod, f"mean{j}") for j in range(k)]
-    steps = window_s // max(1, window_s // DISPERSION_STEPS)
+    steps = window_s // _dispersion_step(window_s)  # the most intervals the query samples
     total_var = total_mean = 0.0
     intervals = 0
     for pod, n_scrapes in scrapes.items():
