@@ -68,12 +68,12 @@ _Z_STEP: FloatArray = _RNG.standard_normal(STEPS * 4)
 _Z_RUN: FloatArray = _RNG.standard_normal(STEPS * 4)
 # Step-time noise for the longer paths that sample rare arrivals' first tokens: the first
 # STEPS * 4 are _Z_STEP's own (common random numbers), the rest from a generator of its own.
-LONG_STEPS = STEPS * 16
+LONG_STEPS = STEPS * 64
 _Z_STEP_LONG: FloatArray = np.concatenate(
     [_Z_STEP, np.random.default_rng(20261206).standard_normal(LONG_STEPS - len(_Z_STEP))]
 )
 _WARMUP = 0.1  # the first tenth of the path fills an empty engine
-MIN_PATH_ARRIVALS = 20  # fewer arrivals in a path give no first-token statistics
+MIN_PATH_ARRIVALS = 100  # fewer arrivals in a path give no first-token statistics
 
 # Utilisation limits beyond which the steady state does not exist (queues grow without bound).
 MAX_TOKEN_UTIL = 0.97
@@ -132,6 +132,7 @@ class SteadyState:
     itl_mean_s: float
     ttft: Callable[[float], float]  # quantile (0..1) -> seconds
     prefill_mean_s: float  # first scheduled to first token (vllm:request_prefill_time_seconds)
+    prefill_below: Callable[[float], float]  # seconds -> fraction of prefills at or under
     gen_steps_p: Callable[[float], float]  # quantile of output length
     token_util: float
     seq_util: float
@@ -150,6 +151,7 @@ def _unstable(why: str, util: tuple[float, float, float]) -> SteadyState:
         inf,
         lambda q: inf,
         inf,
+        lambda x: 0.0,
         lambda q: inf,
         *util,
     )
@@ -243,6 +245,12 @@ def steady_state(
         i = int(np.searchsorted(itl_sorted, x, side="right"))
         return 0.0 if i == 0 else float(itl_cum[i - 1])
 
+    prefill_sorted = path.prefill_sorted
+
+    def prefill_below(x: float) -> float:
+        n = len(prefill_sorted)
+        return float(np.searchsorted(prefill_sorted, x, side="right")) / n if n else 0.0
+
     def ttft(q: float) -> float:
         base = float(ttft_sorted[min(len(ttft_sorted) - 1, int(q * len(ttft_sorted)))])
         tail = wait_mean * math.log(1.0 / max(1e-9, 1.0 - q)) if q > 0.5 else wait_mean * 0.7
@@ -258,6 +266,7 @@ def steady_state(
         path.itl_mean,
         ttft,
         path.prefill_mean,
+        prefill_below,
         gen_q,
         *util,
     )
@@ -291,6 +300,7 @@ class _Path:
     itl_mean: float
     ttft_sorted: FloatArray
     prefill_mean: float
+    prefill_sorted: FloatArray
 
 
 class _Memo:
@@ -495,7 +505,7 @@ def _sample_distributions(
     hit = traffic.hit_share
     room = max(1.0, budget - r_eff)
     curve = curve_at(r_eff, ctx_per_seq)
-    t_steps, ttft_samples, prefill_mean = _sample_path(
+    t_steps, ttft_samples, prefills = _sample_path(
         lam, traffic, p_mean, hit, r_eff, room, curve, t_mean, costs
     )
     if lam * STEPS * t_mean < MIN_PATH_ARRIVALS:
@@ -507,7 +517,7 @@ def _sample_distributions(
         # of prefill, queued behind each other: TTFT p90 4.7 s where the window had 2.5.)
         steps = min(LONG_STEPS, math.ceil(MIN_PATH_ARRIVALS / (lam * t_mean)))
         lam_ttft = max(lam, MIN_PATH_ARRIVALS / (steps * t_mean))
-        _, ttft_samples, prefill_mean = _sample_path(
+        _, ttft_samples, prefills = _sample_path(
             lam_ttft, traffic, p_mean, hit, r_eff, room, curve, t_mean, costs, steps
         )
     warm = int(len(t_steps) * _WARMUP)
@@ -533,7 +543,8 @@ def _sample_distributions(
         itl_cum=_frozen(itl_cum),
         itl_mean=float(np.dot(itl_steps, decodes) / decodes.sum()),
         ttft_sorted=_frozen(np.sort(ttft_samples)),
-        prefill_mean=prefill_mean,
+        prefill_mean=float(prefills.mean()),
+        prefill_sorted=_frozen(np.sort(prefills)),
     )
 
 
@@ -592,8 +603,8 @@ def _sample_path(
     t_mean: float,
     costs: Costs,
     steps: int = STEPS,
-) -> tuple[FloatArray, FloatArray, float]:
-    """(step durations, TTFT samples, mean prefill time) of one sample path of `steps` steps.
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(step durations, TTFT samples, prefill times) of one sample path of `steps` steps.
 
     Step by step, as the scheduler runs: step k admits what arrived before step k - 2 ended
     (async scheduling schedules step k + 1 while step k runs), spends its `room` on the
@@ -627,11 +638,11 @@ def _sample_path(
     done_a = np.asarray(done)
     keep = (arrive >= horizon * _WARMUP) & (done_a >= 0) & (done_a < n_steps - 2)
     if not keep.any():
-        return t_steps, np.array([math.inf]), math.inf
+        return t_steps, np.array([math.inf]), np.array([math.inf])
     out = done_a[keep]
     ttft = ends_a[out] - arrive[keep] + costs.frontend_s
     prefill = ends_a[out] - np.asarray(starts)[np.asarray(first)[keep]]
-    return t_steps, ttft, float(prefill.mean())
+    return t_steps, ttft, prefill
 
 
 class _StepTable:
