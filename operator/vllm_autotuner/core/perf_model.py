@@ -768,6 +768,13 @@ def _fit_step_times(problem: FitProblem) -> tuple[tuple[float, ...], float | Non
     y = tuple(_least_squares(residuals, _coarse_start(residuals, start)))
     if _sq(residuals(y)) < _sq(residuals(x)):
         x = y
+    # A start on the finer line that is already better than both fits: they missed a valley
+    # narrower than the grid (see _START_LINE), so the simplex runs once more from there.
+    line, line_cost = _line_start(residuals, start)
+    if line_cost < _sq(residuals(x)):
+        z = tuple(_least_squares(residuals, line))
+        if _sq(residuals(z)) < _sq(residuals(x)):
+            x = z
     st = _evaluate(problem, x)
     error = abs(math.log(max(st.itl_mean_s, 1e-9)) - problem.target) if st.stable else None
     return x, error
@@ -792,22 +799,31 @@ _START_LINE = slice(math.log(0.45), math.log(2.5), math.log(1.1))
 
 
 def _coarse_start(fn: Callable[[Sequence[float]], list[float]], x0: Sequence[float]) -> list[float]:
-    """The best start of a coarse grid of the two efficiencies and of a finer line of
-    bandwidths, then of compute at the line's best bandwidth (the other parameters at the
+    """The best point of a coarse grid of the two efficiencies (the other parameters at the
     prior)."""
     from scipy.optimize import brute
 
     def cost(xy: Sequence[float]) -> float:
         return _sq(fn([xy[0], xy[1], *x0[2:]]))
 
-    grid = brute(cost, (_START_GRID, _START_GRID), finish=None, full_output=True)
-    line = brute(lambda b: cost((b[0], x0[1])), (_START_LINE,), finish=None, full_output=True)
-    bw = float(np.atleast_1d(line[0])[0])
-    across = brute(lambda c: cost((bw, c[0])), (_START_GRID,), finish=None, full_output=True)
-    if float(across[1]) < float(grid[1]):
-        return [bw, float(np.atleast_1d(across[0])[0]), *x0[2:]]
-    best = grid[0]
+    best = brute(cost, (_START_GRID, _START_GRID), finish=None)
     return [float(best[0]), float(best[1]), *x0[2:]]
+
+
+def _line_start(
+    fn: Callable[[Sequence[float]], list[float]], x0: Sequence[float]
+) -> tuple[list[float], float]:
+    """The best point, and its objective, of a finer line of bandwidths at the prior's
+    compute, then of the grid's computes at that bandwidth (the other parameters at the
+    prior)."""
+    from scipy.optimize import brute
+
+    def cost(bw: float, ce: float) -> float:
+        return _sq(fn([bw, ce, *x0[2:]]))
+
+    bw = float(np.atleast_1d(brute(lambda b: cost(b[0], x0[1]), (_START_LINE,), finish=None))[0])
+    ce, value = brute(lambda c: cost(bw, c[0]), (_START_GRID,), finish=None, full_output=True)[:2]
+    return [bw, float(np.atleast_1d(ce)[0]), *x0[2:]], float(value)
 
 
 # The Nelder-Mead simplex's first steps from its start, in `_params` units: 10 % in each
