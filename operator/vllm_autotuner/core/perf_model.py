@@ -477,8 +477,16 @@ class AnalyticModel:
         self, knobs: Knobs, w: Workload, cal: Calibration, kv: float | None, meets_now: bool
     ) -> float:
         def ok(rate: float) -> bool:
-            ttft, itl, e2e, st = self._latencies(knobs, w, cal, rate, kv)
-            return st.stable and self._meets(w, ttft, itl, e2e)
+            st = self._steady(knobs, w, cal, rate, kv)
+            if not st.stable:
+                return False
+            # The inter-token latency first: where it misses, the first tokens' quantiles
+            # (a longer sample path at low rates, steady_state.TAIL_PATH_ARRIVALS) are not
+            # needed.
+            if not self._meets(w, 0.0, st.itl(_percentile(w.slo, "itl") / 100.0), 0.0):
+                return False
+            ttft, itl, e2e = _quantiles(w, st)
+            return self._meets(w, ttft, itl, e2e)
 
         rate = max(w.request_rate, 0.05)
         if meets_now:
@@ -524,24 +532,33 @@ class AnalyticModel:
     def _curve_at(self, cal: Calibration) -> StepCurve:
         return _curve(self._phys().shape, cal)
 
-    def _latencies(
+    def _steady(
         self, knobs: Knobs, w: Workload, cal: Calibration, rate: float, kv: float | None
-    ) -> tuple[float, float, float, SteadyState]:
-        """(ttft, itl, e2e) in seconds at each metric's SLO percentile, and the steady state."""
-        st = steady_state(
+    ) -> SteadyState:
+        return steady_state(
             _traffic(w, rate, cal),
             Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv),
             self._curve_at(cal),
             _costs(cal),
         )
+
+    def _latencies(
+        self, knobs: Knobs, w: Workload, cal: Calibration, rate: float, kv: float | None
+    ) -> tuple[float, float, float, SteadyState]:
+        """(ttft, itl, e2e) in seconds at each metric's SLO percentile, and the steady state."""
+        st = self._steady(knobs, w, cal, rate, kv)
         if not st.stable:
             return math.inf, math.inf, math.inf, st
-        q_itl = _percentile(w.slo, "itl") / 100.0
-        q_ttft = _percentile(w.slo, "ttft") / 100.0
-        q_e2e = _percentile(w.slo, "e2e") / 100.0
-        ttft = st.ttft(q_ttft)
-        e2e = st.ttft(0.5) + max(0.0, st.gen_steps_p(q_e2e) - 1.0) * st.step_mean_s
-        return ttft, st.itl(q_itl), max(e2e, ttft), st
+        return (*_quantiles(w, st), st)
+
+
+def _quantiles(w: Workload, st: SteadyState) -> tuple[float, float, float]:
+    """(ttft, itl, e2e) of a stable steady state, in seconds, at each metric's SLO
+    percentile (p95 where the SLO has no target)."""
+    ttft = st.ttft(_percentile(w.slo, "ttft") / 100.0)
+    q_e2e = _percentile(w.slo, "e2e") / 100.0
+    e2e = st.ttft(0.5) + max(0.0, st.gen_steps_p(q_e2e) - 1.0) * st.step_mean_s
+    return ttft, st.itl(_percentile(w.slo, "itl") / 100.0), max(e2e, ttft)
 
 
 # Predictions, shared by every deployment's model: an idle reconcile predicts the applied
@@ -932,7 +949,9 @@ def _cdf_points(buckets: Sequence[tuple[float, float]]) -> list[tuple[float, flo
     if total <= 0:
         return []
     return [
-        (b, c / total) for b, c in buckets if math.isfinite(b) and b > 0 and 0.01 < c / total < 0.995
+        (b, c / total)
+        for b, c in buckets
+        if math.isfinite(b) and b > 0 and 0.01 < c / total < 0.995
     ]
 
 
