@@ -410,14 +410,7 @@ class AnalyticModel:
         kv: float | None,
         running: float | None,
     ) -> Calibration:
-        """What the engine cannot explain of the first tokens: the mean TTFT less the mean
-        queue and prefill times the engine counted (exact, from the histograms' sums and
-        counts; what is left is the frontend's: HTTP, tokenisation), less the frontend time
-        the model already has. Without those means: the median TTFT less the model's, in a
-        window without a queue."""
-        outside = _outside_engine_s(snapshot)
-        if outside is not None:
-            return replace(cal, api_s=min(5.0, max(0.0, outside - STEP_CALIBRATION.c_frontend_s)))
+        """What the engine cannot explain of the median TTFT, in a window without a queue."""
         ttft = snapshot.ttft.p50_ms
         if ttft is None or (snapshot.waiting_mean or 0.0) > 1.0:
             return cal
@@ -889,20 +882,6 @@ def _least_squares(
 # vllm:request_prefill_time_seconds: first scheduled to first token, the steps that carry a
 # prompt, which the window's compute efficiency sets).
 PREFILL_MIN_COUNT = 20
-
-
-def _outside_engine_s(snapshot: Snapshot) -> float | None:
-    """Mean seconds of a request's first token spent outside the engine (None unless the
-    window counted the TTFT, queue and prefill times of at least PREFILL_MIN_COUNT requests).
-    Found on a held-out RAG window (Qwen2.5-32B / 2 x L40S, 1.5 s prefills): the median TTFT
-    less the model's left 0.1-0.5 s, and at the daily peak, where the engine queued, more;
-    with it the model's first tokens at zero load passed the 3 s target and its capacity was
-    0 in 133 of 187 decisions. The means leave 0-10 ms there."""
-    parts = (snapshot.ttft, snapshot.queue_time, snapshot.prefill_time)
-    if any(p.mean_ms is None or p.count < PREFILL_MIN_COUNT for p in parts):
-        return None
-    ttft, queue, prefill = (p.mean_ms or 0.0 for p in parts)
-    return (ttft - queue - prefill) / 1000.0
 
 
 # The prompt spreads `_fit_prompt_sigma` tries: log-normal sigmas from 0.05 to 1.5, 16 of them

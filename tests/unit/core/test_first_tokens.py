@@ -1,4 +1,4 @@
-"""What the model assumes of prompt lengths, and where the step-time fit starts: both were
+"""What the model assumes of first tokens, and where the step-time fit starts: each was
 wrong on a held-out RAG window (Qwen2.5-32B on two L40S, prompts spread evenly over
 3,000-6,000 tokens), and the model predicted no capacity where the truth has 0.13 req/s/pod.
 
@@ -238,3 +238,4 @@ def test_first_token_quantiles_come_from_a_path_long_enough_for_the_queue(
     assert abs(_rag_8b_first_tokens(400, monkeypatch) / reference - 1.0) < 0.10
     short = _rag_8b_first_tokens(0, monkeypatch)  # 0: the STEPS-long path's own arrivals
     assert short < reference * 0.9, (short, reference)
+
