@@ -238,4 +238,3 @@ def test_first_token_quantiles_come_from_a_path_long_enough_for_the_queue(
     assert abs(_rag_8b_first_tokens(400, monkeypatch) / reference - 1.0) < 0.10
     short = _rag_8b_first_tokens(0, monkeypatch)  # 0: the STEPS-long path's own arrivals
     assert short < reference * 0.9, (short, reference)
-
