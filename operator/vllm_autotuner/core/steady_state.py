@@ -68,7 +68,7 @@ _Z_STEP: FloatArray = _RNG.standard_normal(STEPS * 4)
 _Z_RUN: FloatArray = _RNG.standard_normal(STEPS * 4)
 # Step-time noise for the longer paths that sample rare arrivals' first tokens: the first
 # STEPS * 4 are _Z_STEP's own (common random numbers), the rest from a generator of its own.
-# 64,000 steps of 70 ms hold TAIL_PATH_ARRIVALS arrivals down to 0.09 req/s (512 KiB).
+# 64,000 steps of 70 ms hold TAIL_PATH_ARRIVALS arrivals down to 0.045 req/s (512 KiB).
 LONG_STEPS = STEPS * 64
 _Z_STEP_LONG: FloatArray = np.concatenate(
     [_Z_STEP, np.random.default_rng(20261206).standard_normal(LONG_STEPS - len(_Z_STEP))]
@@ -84,8 +84,10 @@ MIN_PATH_ARRIVALS = 20  # fewer arrivals in a path give no first-token statistic
 # long paths, 0.91 in the window, 0.97 on the short path); on the held-out 32B RAG window
 # the p95 of 18 arrivals was their longest.
 # Such a path is walked only when a quantile is asked for: the step-time fit never asks, and
-# walked for every fit it tripled bench.decide_cost's first decision.
-TAIL_PATH_ARRIVALS = 400
+# walked for every fit it tripled bench.decide_cost's first decision. 200 arrivals gave that
+# p95 as well (1,164 ms; 400: 1,140) at half the walk; with 400, bench.scale's idle p99 at
+# 1,000 deployments went from 456 ms to 1.38 s.
+TAIL_PATH_ARRIVALS = 200
 
 # Utilisation limits beyond which the steady state does not exist (queues grow without bound).
 MAX_TOKEN_UTIL = 0.97

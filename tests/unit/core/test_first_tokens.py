@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from tests.unit.core.test_decide import CTX, SLO_DEFAULT, make_snapshot
 from vllm_autotuner.core import perf_model
+from vllm_autotuner.core import steady_state as ss
 from vllm_autotuner.core.perf_model import Calibration, Workload
 from vllm_autotuner.core.physics import lognormal_sigma
 from vllm_autotuner.core.snapshot import LatencySummary, LengthSummary, Snapshot
@@ -212,8 +213,6 @@ def test_a_simulated_rag_window_on_a_32b_pod_calibrates_to_its_engine(tmp_path: 
 def _rag_8b_first_tokens(tail_arrivals: int, monkeypatch: pytest.MonkeyPatch) -> float:
     """The TTFT p95 of long RAG prompts on an 8B pod at 768 tokens and 1.5 req/s (about 100
     arrivals in the STEPS-long path), with first tokens sampled from `tail_arrivals`."""
-    from vllm_autotuner.core import steady_state as ss
-
     monkeypatch.setattr(ss, "TAIL_PATH_ARRIVALS", tail_arrivals)
     ctx = replace(CTX, gpu_product="A100-80GB", max_model_len=16384)
     engine = Calibration(bandwidth=0.92, compute=0.8, admit_s=0.003, jitter=0.05)
@@ -233,8 +232,9 @@ def test_first_token_quantiles_come_from_a_path_long_enough_for_the_queue(
 ) -> None:
     """The queue in front of long prefills has busy periods longer than the STEPS-long path
     shows often: its p95 was 21 % under that of 1,600 arrivals (888 against 1,122 ms).
-    TAIL_PATH_ARRIVALS are within 10 % of it (1,140 ms)."""
+    TAIL_PATH_ARRIVALS (200) are within 10 % of it (1,164 ms)."""
+    default = ss.TAIL_PATH_ARRIVALS
     reference = _rag_8b_first_tokens(1600, monkeypatch)
-    assert abs(_rag_8b_first_tokens(400, monkeypatch) / reference - 1.0) < 0.10
+    assert abs(_rag_8b_first_tokens(default, monkeypatch) / reference - 1.0) < 0.10
     short = _rag_8b_first_tokens(0, monkeypatch)  # 0: the STEPS-long path's own arrivals
     assert short < reference * 0.9, (short, reference)
