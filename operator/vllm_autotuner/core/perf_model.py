@@ -30,7 +30,7 @@ from vllm_autotuner.core.physics import (
     lognormal_sigma,
     sim_gpu_name,
 )
-from vllm_autotuner.core.snapshot import LatencySummary, Snapshot, arrival_cv2
+from vllm_autotuner.core.snapshot import LatencySummary, Snapshot, arrival_cv2, lognormal_misfit
 from vllm_autotuner.core.steady_state import (
     Costs,
     Knobs3,
@@ -909,8 +909,6 @@ def _fit_prompt_sigma(
     puts 83 %. Each sigma is judged on both histograms' cumulative fractions, the prefill
     times' compared at the window's mean (the spread is the question here; the step fit
     has placed the mean)."""
-    from scipy.special import ndtr
-
     prefill = snapshot.prefill_time
     if not prefill.mean_ms or prefill.count < PREFILL_MIN_COUNT:
         return cal
@@ -919,7 +917,7 @@ def _fit_prompt_sigma(
     lengths = [(math.log(b), f) for b, f in _cdf_points(snapshot.prompt_len.buckets)]
     if not times:
         return cal
-    p_mean = max(1.0, workload.prompt_mean)
+    log_mean = math.log(max(1.0, workload.prompt_mean))
     base = _traffic(workload, workload.request_rate)
     knobs3 = Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv)
     curve, costs = _curve(shape, cal), _costs(cal)
@@ -932,8 +930,7 @@ def _fit_prompt_sigma(
             return math.inf
         scale = st.prefill_mean_s / mean_s
         out = sum((st.prefill_below(b * scale) - f) ** 2 for b, f in times)
-        mu = math.log(p_mean) - 0.5 * sigma * sigma
-        return out + sum((float(ndtr((x - mu) / sigma)) - f) ** 2 for x, f in lengths)
+        return out + lognormal_misfit(log_mean, sigma, lengths)
 
     scores = [loss(v) for v in _PROMPT_SIGMAS]
     best = min(range(len(scores)), key=scores.__getitem__)

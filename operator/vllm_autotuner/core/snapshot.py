@@ -326,17 +326,26 @@ def defect(snapshot: Snapshot, targets: Sequence[tuple[str, SLOTarget]]) -> str 
 # ----------------------------------------------------------------------------- histogram maths
 
 
+def lognormal_misfit(log_mean: float, sigma: float, points: Sequence[tuple[float, float]]) -> float:
+    """Squared distance of the log-normal with mean exp(log_mean) and this sigma from the
+    (log bound, fraction at or under it) points of a histogram."""
+    from scipy.special import ndtr
+
+    mu = log_mean - 0.5 * sigma * sigma
+    return float(sum((ndtr((x - mu) / sigma) - f) ** 2 for x, f in points))
+
+
 def _fit_lognormal_sigma(log_mean: float, points: Sequence[tuple[float, float]]) -> float:
     """Sigma of the log-normal with mean exp(log_mean) whose CDF is closest (least squares) to
     the (log bound, fraction) points."""
     from scipy.optimize import minimize_scalar
-    from scipy.special import ndtr
 
-    def loss(sigma: float) -> float:
-        mu = log_mean - 0.5 * sigma * sigma
-        return float(sum((ndtr((x - mu) / sigma) - f) ** 2 for x, f in points))
-
-    res = minimize_scalar(loss, bounds=(0.02, 2.5), method="bounded", options={"xatol": 1e-3})
+    res = minimize_scalar(
+        lambda sigma: lognormal_misfit(log_mean, sigma, points),
+        bounds=(0.02, 2.5),
+        method="bounded",
+        options={"xatol": 1e-3},
+    )
     return float(res.x)
 
 
