@@ -467,6 +467,8 @@ def _canary_analysis(
         if not final:
             return _done(state, now, "verify", f"canary analysis waits for data: {why}")
         return _waits_for_data(state, now, policy, cand, why)
+    until = _canary_deadline(until, policy, ctx, base, can)
+    final = now >= until
     cap_base = cap_can = None
     if final:
         cap_base = _own_capacity(model, base, state.applied, policy, ctx, _prior(state))
@@ -512,6 +514,28 @@ def _canary_analysis(
     )
     text = f"canary {cand.describe()} won; promoting it to every pod: {j.reason}"
     return _done(s, now, "promote", text, cand, (Event("Normal", "CanaryPromoted", text),))
+
+
+# How long a canary's paired window may run, in verify windows, while either side has served
+# too few requests for the comparison (`_canary_min_requests`).
+CANARY_WINDOW_FACTOR = 3
+
+
+def _canary_deadline(
+    until: datetime, policy: TuningPolicy, ctx: DeploymentContext, base: Snapshot, can: Snapshot
+) -> datetime:
+    """When the paired comparison ends: at `until`, the verify window's end, or, while the
+    canary or the baseline pods have served too few requests to compare, when they have,
+    up to CANARY_WINDOW_FACTOR verify windows from the start.
+
+    A pod at a low rate fills a fixed window only by luck: a held-out 32B RAG deployment at
+    0.09-0.11 req/s per pod counted 53-65 canary requests of the 66 it needs in 600 s, and
+    three of its four canaries were lost for it, each a restart spent for nothing."""
+    need = _canary_min_requests(policy, ctx)
+    if can.completed_requests >= need and base.completed_requests >= need:
+        return until
+    extra = (CANARY_WINDOW_FACTOR - 1) * policy.rollout.verify_window_s
+    return until + timedelta(seconds=extra)
 
 
 def _canary_window_start(

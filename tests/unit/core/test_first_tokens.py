@@ -14,11 +14,13 @@ wrong on a held-out RAG window (Qwen2.5-32B on two L40S, prompts spread evenly o
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from statistics import NormalDist
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.core.test_decide import CTX, SLO_DEFAULT, make_snapshot
@@ -238,3 +240,75 @@ def test_first_token_quantiles_come_from_a_path_long_enough_for_the_queue(
     assert abs(_rag_8b_first_tokens(default, monkeypatch) / reference - 1.0) < 0.10
     short = _rag_8b_first_tokens(0, monkeypatch)  # 0: the STEPS-long path's own arrivals
     assert short < reference * 0.9, (short, reference)
+
+
+# ------------------------------------------------------------- the time outside the engine
+
+# vLLM's time_to_first_token_seconds bucket bounds (s), as vllm/v1/metrics/loggers.py sets them.
+_TTFT_BOUNDS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+
+
+def _lognormal_ttft(median_s: float, sigma: float) -> Callable[[float], float]:
+    z = NormalDist()
+    return lambda q: median_s * math.exp(sigma * z.inv_cdf(q))
+
+
+def _window_fractions(
+    median_s: float, sigma: float, shift_s: float, bounds: Sequence[float]
+) -> list[tuple[float, float]]:
+    """The informative (bound, fraction at or under) of a window whose first tokens are the
+    log-normal's, `shift_s` later, counted as a histogram of 10,000 (`_cdf_points`)."""
+    z = NormalDist()
+    cum = [
+        (
+            b * 1000.0,
+            0.0 if b <= shift_s else 1e4 * z.cdf(math.log((b - shift_s) / median_s) / sigma),
+        )
+        for b in bounds
+    ]
+    return [(b / 1000.0, f) for b, f in perf_model._cdf_points([*cum, (math.inf, 1e4)])]
+
+
+def _misfit(
+    ttft: Callable[[float], float], shift: float, points: Sequence[tuple[float, float]]
+) -> float:
+    model = sorted(ttft(float(q)) for q in perf_model._TTFT_QUANTILES)
+    return sum((sum(1 for v in model if v <= b - shift) / len(model) - f) ** 2 for b, f in points)
+
+
+def test_a_median_inside_a_wide_bucket_puts_nothing_outside_the_engine() -> None:
+    """The held-out 32B RAG window's first tokens: 1.5 s of prefill and queue, 3 ms outside
+    the engine. Interpolated in the 1.0-2.5 s bucket its median reads 1.73 s, and the median's
+    distance put 0.2 s outside the engine; the bucket counts put almost none."""
+    median, sigma, outside = 1.5, 0.25, 0.003
+    points = _window_fractions(median, sigma, outside, _TTFT_BOUNDS)
+    (lo, f_lo), (hi, f_hi) = points[0], points[1]
+    interpolated = lo + (0.5 - f_lo) / (f_hi - f_lo) * (hi - lo)
+    assert interpolated - median > 0.2  # what the median's distance read
+    assert perf_model._api_shift(_lognormal_ttft(median, sigma), points) <= 0.02
+
+
+@settings(deadline=None)
+@given(
+    median=st.floats(0.02, 3.0),
+    sigma=st.floats(0.1, 0.8),
+    outside=st.one_of(st.just(0.0), st.floats(0.001, 2.0)),
+    coarse=st.booleans(),
+)
+def test_the_time_outside_the_engine_fits_the_bucket_counts(
+    median: float, sigma: float, outside: float, coarse: bool
+) -> None:
+    """The shift found fits the window's fractions at least as well as the true one, and
+    on fine buckets (5 % apart) it is the true one within the model sample's resolution."""
+    fine = tuple(0.001 * 1.05**k for k in range(240))
+    points = _window_fractions(median, sigma, outside, _TTFT_BOUNDS if coarse else fine)
+    assume(points)
+    ttft = _lognormal_ttft(median, sigma)
+    found = perf_model._api_shift(ttft, points)
+    assert _misfit(ttft, found, points) <= _misfit(ttft, outside, points) + 1e-12
+    if not coarse:
+        slack = 0.05 * median * sigma + 0.001
+        assert abs(found - outside) <= slack, (found, outside)

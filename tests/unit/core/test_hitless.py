@@ -47,7 +47,13 @@ from tests.unit.core.test_decide import (
 )
 from vllm_autotuner.api.status import TuningStatus
 from vllm_autotuner.core.canary import miss_share
-from vllm_autotuner.core.decide import Decision, canary_command, decide
+from vllm_autotuner.core.decide import (
+    CANARY_WINDOW_FACTOR,
+    Decision,
+    _canary_min_requests,
+    canary_command,
+    decide,
+)
 from vllm_autotuner.core.economics import headroom, headroom_wait_s, worth_restart
 from vllm_autotuner.core.rollout import rollout_progress, utc_day
 from vllm_autotuner.core.snapshot import Observation, Snapshot
@@ -649,6 +655,36 @@ def test_a_losing_canary_costs_one_pod_and_never_touches_the_baseline() -> None:
     assert d.new_state.analysis is not None and d.new_state.analysis.verdict == "Reject"
     assert d.new_state.trials[-1].baseline == d.new_state.analysis.baseline
     assert d.new_state.trials[-1].baseline_knobs == BASE
+
+
+@pytest.mark.parametrize("min_requests", [30, 66])
+def test_a_canary_short_of_requests_at_the_window_end_waits_for_them(min_requests: int) -> None:
+    """A pod at a low rate fills a fixed window only by luck: the paired window runs on
+    while either side has too few requests, concludes as soon as both have them, and is
+    lost for want of data only after CANARY_WINDOW_FACTOR verify windows."""
+    replicas = 3
+    ctx, policy = hctx(replicas, 1), hpolicy(min_requests=min_requests * replicas)
+    need = _canary_min_requests(policy, ctx)
+    pods = (*ready_pods(BASE, replicas), PodHealth(True, revision_knobs=CAND, name="canary"))
+    base = itl_window(BASE, requests=3 * need, miss=0.0, pods=replicas)
+    analysis = CanaryAnalysis(NOW, 0.0, Measured(0.0), Measured(0.0), "Pending", "starts")
+    state = replace(trial_state("Verifying"), analysis=analysis)
+    window_s = policy.rollout.verify_window_s
+    last = NOW + timedelta(seconds=CANARY_WINDOW_FACTOR * window_s)
+
+    def step(seconds: float, canary_requests: int) -> Decision:
+        obs = Observation(base, pods, itl_window(CAND, requests=canary_requests, miss=0.0))
+        return decide(state, obs, policy, ctx, NOW + timedelta(seconds=seconds), SharedModel())
+
+    for t in (window_s, window_s + 1, 2 * window_s, (last - NOW).total_seconds() - 1):
+        d = step(t, need - 1)
+        assert d.action == "verify" and d.knobs_to_apply is None, d.reason
+        assert f"of {need} needed" in d.reason
+    lost = step((last - NOW).total_seconds(), need - 1)
+    assert lost.action == "rollback" and "window ended" in lost.reason, lost.reason
+    # Enough requests at any point after the window's end: a verdict at once.
+    done = step(window_s + 120, need)
+    assert done.action in ("promote", "rollback") and "needed" not in done.reason, done.reason
 
 
 # ---------------------------------------------------------------- queues after restarts
