@@ -31,8 +31,11 @@ from vllm_autotuner.core.tuning_types import Knobs
 WINDOW_S = 300.0
 
 
-def observe(s: Scenario, knobs: Knobs, rate: float, seconds: float = 600.0) -> Snapshot:
-    """One evaluation window of the live world at a constant per-replica rate."""
+def observe(
+    s: Scenario, knobs: Knobs, rate: float, seconds: float = 600.0, window_s: float = WINDOW_S
+) -> Snapshot:
+    """One evaluation window (`window_s`, ending at `seconds`) of the live world at a
+    constant per-replica rate."""
     const = dataclasses.replace(s, workload={**s.workload, "rate": float(rate)})
     world = World(const, knobs, horizon_s=seconds)
     world.advance_to(seconds)
@@ -47,7 +50,7 @@ def observe(s: Scenario, knobs: Knobs, rate: float, seconds: float = 600.0) -> S
         since=None if since is None else EPOCH + timedelta(seconds=since),
         knobs=knobs,
         revision=revision(knobs),
-        window_s=WINDOW_S,
+        window_s=window_s,
         slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
         model_name=s.model,
     )
