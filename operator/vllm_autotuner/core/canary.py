@@ -10,8 +10,10 @@ The candidate is
 - **rejected** as soon as it is significantly worse on a target it then misses;
 - **promoted** early when it significantly fixes a violation the baseline shows;
 - at the end of the window, promoted when the model, calibrated on each side's own window,
-  credits it with at least the minimum gain of capacity and no target is worse; else
-  rejected: a candidate that shows no gain is not worth restarting every pod for. A canary
+  credits it with at least the minimum gain of capacity, still reaches the baseline's at
+  the SLO the canary's own requests cannot rule out (each percentile moved up by what a
+  window of that many requests cannot tell apart: `cautious_slo`), and no target is worse;
+  else rejected: a candidate that shows no gain is not worth restarting every pod for. A canary
   that misses an SLO target, by more than the baseline does over the same window, is never
   promoted on the model's credit: the direct measurement at the same load outranks a model.
 
@@ -23,7 +25,7 @@ window's load*. A "no worse" at a different load is not evidence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from vllm_autotuner.core.snapshot import Snapshot, target_value
@@ -33,6 +35,11 @@ CanaryVerdict = Literal["Pending", "Promote", "Reject"]
 
 SIGNIFICANCE = 0.05  # one-sided, for harm and for a win at the end of the window
 EARLY_SIGNIFICANCE = 0.01  # for promoting before the window ends
+# How far a window's share of requests beyond an SLO percentile may be off, in standard
+# errors of that share (one-sided 95 %, as SIGNIFICANCE).
+TAIL_Z = 1.645
+# The strictest percentile `cautious_slo` moves a target to.
+_MAX_PERCENTILE = 99.9
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,26 @@ def misses(snapshot: Snapshot, metric: str, target: SLOTarget) -> Misses | None:
         bounds = (att, att)
     lo_att, hi_att = bounds
     return Misses(metric, max(0.0, 1.0 - hi_att), max(0.0, 1.0 - lo_att), max(0, n))
+
+
+def cautious_slo(slo: SLO, requests: int) -> SLO:
+    """The SLO with each percentile moved up by what a window of `requests` cannot rule out:
+    the share beyond it (1 - p) less TAIL_Z binomial standard errors of that share.
+
+    A capacity credited at this SLO is one the window's own sampling cannot undo. At p95,
+    66 requests (a 32B pod's canary window at 0.11 req/s) put it at p99.4; 400 at p96.8;
+    8,000 (an 8B chat pod's) at p95.4."""
+    n = max(1, requests)
+
+    def moved(t: SLOTarget | None) -> SLOTarget | None:
+        if t is None:
+            return None
+        q = 1.0 - t.percentile / 100.0
+        q_low = q - TAIL_Z * math.sqrt(q * (1.0 - q) / n)
+        percentile = min(_MAX_PERCENTILE, max(t.percentile, 100.0 * (1.0 - q_low)))
+        return replace(t, percentile=percentile)
+
+    return SLO(ttft=moved(slo.ttft), itl=moved(slo.itl), e2e=moved(slo.e2e))
 
 
 def miss_share(snapshot: Snapshot, slo: SLO) -> float:
@@ -110,8 +137,11 @@ def judge_canary(
     capacity_canary: float | None,
     min_gain_pct: float,
     final: bool,
+    capacity_canary_cautious: float | None = None,
 ) -> Judgement:
-    """The paired verdict over one window (see the module docstring)."""
+    """The paired verdict over one window (see the module docstring).
+    `capacity_canary_cautious` is the canary's capacity at the SLO its window cannot rule
+    out (`cautious_slo`): a gain is credited only when that still reaches the baseline's."""
     per_pod_base = baseline.per_pod_rate()
     load = (
         f"canary {canary.per_pod_rate():.2f} req/s, baseline {per_pod_base:.2f} req/s/pod "
@@ -167,6 +197,14 @@ def judge_canary(
         worse = _measured_worse(baseline, canary, slo)
         if gain >= min_gain_pct and worse is not None:
             return Judgement("Reject", f"{worse}, whatever the model credits it with: {text}")
+        cautious = capacity_canary_cautious
+        if gain >= min_gain_pct and cautious is not None and cautious < capacity_baseline:
+            return Judgement(
+                "Reject",
+                f"a gain within the canary window's noise: at the SLO its "
+                f"{canary.completed_requests} requests cannot rule out, it serves "
+                f"{cautious:.2f} req/s, under the baseline's {capacity_baseline:.2f}: {text}",
+            )
         if gain >= min_gain_pct:
             return Judgement("Promote", text)
         return Judgement("Reject", f"no gain worth the restarts: {text}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from vllm_autotuner.core.autoscaling import scale_wait
-from vllm_autotuner.core.canary import judge_canary, miss_share
+from vllm_autotuner.core.canary import cautious_slo, judge_canary, miss_share
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
 from vllm_autotuner.core.economics import (
     Headroom,
@@ -469,10 +469,10 @@ def _canary_analysis(
         return _waits_for_data(state, now, policy, cand, why)
     until = _canary_deadline(until, policy, ctx, base, can)
     final = now >= until
-    cap_base = cap_can = None
+    cap_base = cap_can = cautious = None
     if final:
-        cap_base = _own_capacity(model, base, state.applied, policy, ctx, _prior(state))
-        cap_can = _own_capacity(model, can, cand, policy, ctx, _prior(state))
+        cap_base, _ = _own_capacity(model, base, state.applied, policy, ctx, _prior(state))
+        cap_can, cautious = _own_capacity(model, can, cand, policy, ctx, _prior(state))
     j = judge_canary(
         base,
         can,
@@ -482,6 +482,7 @@ def _canary_analysis(
         cap_can,
         policy.min_gain_pct,
         final,
+        cautious,
     )
     analysis = CanaryAnalysis(
         since=state.analysis.since,
@@ -580,13 +581,16 @@ def _own_capacity(
     policy: TuningPolicy,
     ctx: DeploymentContext,
     prior: Calibration | None,
-) -> float | None:
-    """Capacity per pod of `knobs`, from the model calibrated on that pod's own window."""
+) -> tuple[float | None, float | None]:
+    """Capacity per pod of `knobs`, from the model calibrated on these pods' own window, and
+    the same at the SLO a window of this many requests cannot rule out (`cautious_slo`)."""
     if snap.completed_requests <= 0:
-        return None
+        return None, None
     w = Workload.from_snapshot(snap, policy.slo, 1.0)
     cal = model.calibrate(snap, knobs, ctx, w, prior)
-    return model.predict(knobs, w, cal).capacity_rps
+    central = model.predict(knobs, w, cal).capacity_rps
+    strict = replace(w, slo=cautious_slo(policy.slo, snap.completed_requests))
+    return central, model.predict(knobs, strict, cal).capacity_rps
 
 
 def _promoting(

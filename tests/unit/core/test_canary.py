@@ -27,6 +27,7 @@ from vllm_autotuner.core.canary import (
     EARLY_SIGNIFICANCE,
     SIGNIFICANCE,
     Misses,
+    cautious_slo,
     judge_canary,
     miss_share,
     misses,
@@ -311,3 +312,49 @@ def test_no_promotion_on_credit_for_a_canary_measured_further_over_the_threshold
     verdict = judge(base, can, True, caps)
     if p95_c > THRESHOLD and p95_c > p95_b:
         assert verdict == "Reject"
+
+
+# ------------------------------------------------------------- the canary window's own noise
+
+
+@given(
+    percentile=st.floats(50.0, 99.5),
+    requests=st.integers(1, 10**6),
+    more=st.integers(1, 10**6),
+)
+def test_a_cautious_slo_is_stricter_and_tightens_with_more_requests(
+    percentile: float, requests: int, more: int
+) -> None:
+    slo = SLO(ttft=SLOTarget(percentile, 500.0), itl=TARGET)
+    few, many = cautious_slo(slo, requests), cautious_slo(slo, requests + more)
+    for original, a, b in ((slo.ttft, few.ttft, many.ttft), (slo.itl, few.itl, many.itl)):
+        assert original is not None and a is not None and b is not None
+        assert a.threshold_ms == b.threshold_ms == original.threshold_ms
+        assert original.percentile <= b.percentile <= a.percentile <= max(99.9, original.percentile)
+    assert few.e2e is None and many.e2e is None
+
+
+def test_a_cautious_slo_at_the_numbers_it_documents() -> None:
+    slo = SLO(itl=TARGET)
+    for n, expected in ((66, 99.41), (400, 96.79), (8000, 95.40)):
+        moved = cautious_slo(slo, n).itl
+        assert moved is not None and moved.percentile == pytest.approx(expected, abs=0.01)
+    far = cautious_slo(slo, 10**9).itl
+    assert far is not None and far.percentile == pytest.approx(95.0, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("cautious", "verdict", "why"),
+    [
+        (9.0, "Reject", "within the canary window's noise"),  # 66 requests: p99.4 undoes it
+        (10.2, "Promote", "+8.0%"),  # the gain holds at the stricter SLO
+        (None, "Promote", "+8.0%"),  # no cautious capacity (the one-replica path)
+    ],
+)
+def test_a_gain_the_canary_windows_own_noise_can_undo_is_not_credited(
+    cautious: float | None, verdict: str, why: str
+) -> None:
+    base, can = window(2000, 0.02), window(66, 0.02)
+    j = judge_canary(base, can, SLO_ITL, MIN_REQUESTS, 10.0, 10.8, 5.0, True, cautious)
+    assert j.verdict == verdict, j.reason
+    assert why in j.reason
