@@ -873,6 +873,15 @@ def _steady(
         text = f"{summary}; not worth the restart: {worth.text}"
         held = replace(s, phase="Observing", headroom_wait_since=_wait(s, diag))
         return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
+    unprovable = (
+        _canary_cannot_credit(model, best, workload, cal, current.capacity_rps, policy, rate)
+        if strategy == "Canary" and not diag.violates_slo
+        else None
+    )
+    if unprovable is not None:
+        text = f"{summary}; not rolled out: {unprovable}"
+        held = replace(s, phase="Observing", headroom_wait_since=_wait(s, diag))
+        return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
     waited = _headroom_wait(s, policy, now, room, diag.violates_slo, summary, worth)
     if waited is not None:
         return replace(waited, diagnosis=diag, prediction=pred, search_memo=memo, predictions=seen)
@@ -889,6 +898,35 @@ def _steady(
         s, now, "rollout", text, knobs, (Event("Normal", reason, text),), diag, pred,
         predictions=seen,
     )  # fmt: skip
+
+
+def _canary_cannot_credit(
+    model: PerformanceModel,
+    best: Knobs,
+    workload: Workload,
+    cal: Calibration,
+    current_rps: float,
+    policy: TuningPolicy,
+    rate: float,
+) -> str | None:
+    """Why a canary of `best` could not show its gain (None when it could): with the SLO
+    met, it is promoted only on a credited gain that holds at the SLO its own requests
+    cannot rule out (`canary.cautious_slo`), and at this rate its longest window holds too
+    few requests for the gain the model predicts. A canary that cannot win is a restart
+    for nothing (a 32B pod at 0.11 req/s counted 66-134 requests a window; bench.canary_power
+    promoted a 17.6 % better candidate as often as the same knobs)."""
+    window_s = CANARY_WINDOW_FACTOR * policy.rollout.verify_window_s
+    requests = int(rate * window_s)
+    strict = replace(workload, slo=cautious_slo(workload.slo, requests))
+    cautious = model.predict(best, strict, cal).capacity_rps
+    if cautious >= current_rps:
+        return None
+    return (
+        f"a canary at {rate:.2f} req/s/pod counts about {requests} requests in the "
+        f"{window_s:.0f} s its window may run, too few to show the predicted gain: at the SLO "
+        f"they cannot rule out, {best.describe()} is predicted to carry {cautious:.2f} req/s/pod, "
+        f"under the {current_rps:.2f} the current knobs carry"
+    )
 
 
 def _with_model_violations(

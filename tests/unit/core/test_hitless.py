@@ -50,11 +50,13 @@ from vllm_autotuner.core.canary import miss_share
 from vllm_autotuner.core.decide import (
     CANARY_WINDOW_FACTOR,
     Decision,
+    _canary_cannot_credit,
     _canary_min_requests,
     canary_command,
     decide,
 )
 from vllm_autotuner.core.economics import headroom, headroom_wait_s, worth_restart
+from vllm_autotuner.core.perf_model import Workload
 from vllm_autotuner.core.rollout import rollout_progress, utc_day
 from vllm_autotuner.core.snapshot import Observation, Snapshot
 from vllm_autotuner.core.topology import CANARY_PHASES, topology
@@ -447,6 +449,26 @@ def test_a_rollout_that_only_gains_capacity_gives_up_when_headroom_never_comes()
     # With surge the same decision rolls out: no pod is taken away.
     d = decide(state, obs, hpolicy(600.0), hctx(2, 1), NOW, SharedModel())
     assert d.action == "rollout" and reasons(d) == ["CanaryStarted"], d.reason
+
+
+@pytest.mark.parametrize(("rate", "shown"), [(50.0, True), (0.05, False)])
+def test_a_canary_that_could_not_show_its_gain_is_not_started(rate: float, shown: bool) -> None:
+    """With the SLO met, a canary wins only on a gain that holds at the SLO its own requests
+    cannot rule out. A 3 % gain at 50 req/s per pod (90,000 requests in its longest window,
+    p95 becomes p95.1) can be shown; at 0.05 (90 requests, p95 becomes p98.8) it cannot, and
+    no pod is restarted for it."""
+    snap = make_snapshot(BASE, rate=2 * 14.0, num_pods=2, itl_mean=15.0)
+    policy, ctx, model = hpolicy(), hctx(2, 1), SharedModel()
+    w = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
+    cal = model.calibrate(snap, BASE, ctx, w, None)
+    best = Knobs(2048, 512, 0.92)
+    central = model.predict(best, w, cal).capacity_rps
+    assert central > 0
+    why = _canary_cannot_credit(model, best, w, cal, central / 1.03, policy, rate)
+    assert (why is None) == shown, why
+    if why is not None:
+        assert "counts about 90 requests in the 1800 s its window may run" in why
+        assert "too few to show the predicted gain" in why
 
 
 @pytest.mark.parametrize(
