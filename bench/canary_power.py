@@ -111,7 +111,7 @@ def _pair(
     w = Workload.from_snapshot(base, policy.slo, policy.safety_margin)
     prior = model.calibrate(base, base_knobs, ctx, w, None)
     cb, _ = _own_capacity(model, base, base_knobs, policy, ctx, prior)
-    cc, cautious = _own_capacity(model, can, cand, policy, ctx, prior)
+    cc, cautious = _own_capacity(model, can, cand, policy, ctx, prior, True)
     j = judge_canary(base, can, policy.slo, need, cb, cc, policy.min_gain_pct, True, cautious)
     gain = cc / cb - 1.0 if cb and cc else None
     row: dict[str, object] = {

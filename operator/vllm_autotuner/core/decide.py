@@ -472,7 +472,7 @@ def _canary_analysis(
     cap_base = cap_can = cautious = None
     if final:
         cap_base, _ = _own_capacity(model, base, state.applied, policy, ctx, _prior(state))
-        cap_can, cautious = _own_capacity(model, can, cand, policy, ctx, _prior(state))
+        cap_can, cautious = _own_capacity(model, can, cand, policy, ctx, _prior(state), True)
     j = judge_canary(
         base,
         can,
@@ -581,14 +581,18 @@ def _own_capacity(
     policy: TuningPolicy,
     ctx: DeploymentContext,
     prior: Calibration | None,
+    cautious: bool = False,
 ) -> tuple[float | None, float | None]:
     """Capacity per pod of `knobs`, from the model calibrated on these pods' own window, and
-    the same at the SLO a window of this many requests cannot rule out (`cautious_slo`)."""
+    with `cautious` the same at the SLO a window of this many requests cannot rule out
+    (`cautious_slo`; None without)."""
     if snap.completed_requests <= 0:
         return None, None
     w = Workload.from_snapshot(snap, policy.slo, 1.0)
     cal = model.calibrate(snap, knobs, ctx, w, prior)
     central = model.predict(knobs, w, cal).capacity_rps
+    if not cautious:
+        return central, None
     strict = replace(w, slo=cautious_slo(policy.slo, snap.completed_requests))
     return central, model.predict(knobs, strict, cal).capacity_rps
 
