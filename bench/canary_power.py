@@ -96,7 +96,6 @@ def _pair(
     a window whose canary or baseline has too few requests runs on, up to
     CANARY_WINDOW_FACTOR windows."""
     policy, ctx = s.policy("Auto"), context(s)
-    ctx = dataclasses.replace(ctx, replicas=s.replicas)
     need = _canary_min_requests(policy, ctx)
     base_pods = s.replicas if s.rollout.max_surge else s.replicas - 1
     base_world = dataclasses.replace(s, seed=BASE_SEED + k, replicas=base_pods)

@@ -593,8 +593,17 @@ def _own_capacity(
     central = model.predict(knobs, w, cal).capacity_rps
     if not cautious:
         return central, None
-    strict = replace(w, slo=cautious_slo(policy.slo, snap.completed_requests))
-    return central, model.predict(knobs, strict, cal).capacity_rps
+    return central, _cautious_capacity(model, knobs, w, cal, snap.completed_requests)
+
+
+def _cautious_capacity(
+    model: PerformanceModel, knobs: Knobs, workload: Workload, cal: Calibration, requests: int
+) -> float:
+    """Capacity per pod of `knobs` at the SLO a window of `requests` cannot rule out
+    (`canary.cautious_slo`): what a canary's verdict credits, and what the check before a
+    canary expects it to."""
+    strict = replace(workload, slo=cautious_slo(workload.slo, requests))
+    return model.predict(knobs, strict, cal).capacity_rps
 
 
 def _promoting(
@@ -921,8 +930,7 @@ def _canary_cannot_credit(
     promoted a 17.6 % better candidate as often as the same knobs)."""
     window_s = CANARY_WINDOW_FACTOR * policy.rollout.verify_window_s
     requests = int(rate * window_s)
-    strict = replace(workload, slo=cautious_slo(workload.slo, requests))
-    cautious = model.predict(best, strict, cal).capacity_rps
+    cautious = _cautious_capacity(model, best, workload, cal, requests)
     if cautious >= current_rps:
         return None
     return (
