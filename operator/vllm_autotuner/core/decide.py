@@ -9,10 +9,12 @@ here, in one place, so the property tests can hold decide() to the safety rules.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from vllm_autotuner.core.autoscaling import scale_wait
+from vllm_autotuner.core.calibration_mean import ParamMean, robust_gain, updated
 from vllm_autotuner.core.canary import cautious_slo, judge_canary, miss_share
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
 from vllm_autotuner.core.economics import (
@@ -805,7 +807,9 @@ def _steady(
     diag = _with_model_violations(
         diagnose(snap, policy.slo, applied, policy.min_requests_per_window), check, current, policy
     )
-    s = _with_peak(replace(state, calibration=cal.to_dict(), model_check=check), rate, now)
+    mean = updated(state.calibration, cal, now.timestamp(), policy.evaluation_window_s)
+    stored = {**cal.to_dict(), **(mean.to_dict() if mean is not None else {})}
+    s = _with_peak(replace(state, calibration=stored, model_check=check), rate, now)
     if applied.same_as(state.last_good):
         s = replace(s, baseline=measure(snap, policy.slo, current.capacity_rps))
     seen: tuple[tuple[Knobs, Prediction], ...] = ((applied, current),)
@@ -839,14 +843,22 @@ def _steady(
             predictions=seen,
         )
     best, pred = res.best, res.prediction
+    robust = _at_recent_mean(model, applied, best, workload, cal, mean, policy, current, pred)
+    if robust is not None:
+        pred, summary = robust[0], f"{summary}; {robust[1]}"
     seen = ((applied, current), (best, pred))
+    if robust is not None and pred.capacity_rps <= current.capacity_rps:
+        text = f"{summary}; not rolled out: no gain that holds at the recent windows' fit"
+        held = replace(s, phase="Observing", recommendation=None)
+        held = replace(held, headroom_wait_since=_wait(s, diag))
+        return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
     previous = state.recommendation
     changed = previous is None or not previous.knobs.same_as(best)
     rec = Recommendation(
         knobs=best,
         reason=summary,
         predicted=Predicted(pred.capacity_rps, pred.ttft_ms, pred.itl_ms),
-        gain_pct=min(res.gain_pct, 1e6),
+        gain_pct=min(res.gain_pct, _gain_pct(current, pred), 1e6),
         # Since when these knobs are recommended: a repeated recommendation keeps its time,
         # so an unchanged conclusion does not rewrite status every reconcile.
         time=now if previous is None or changed else previous.time,
@@ -911,6 +923,44 @@ def _steady(
         s, now, "rollout", text, knobs, (Event("Normal", reason, text),), diag, pred,
         predictions=seen,
     )  # fmt: skip
+
+
+def _at_recent_mean(
+    model: PerformanceModel,
+    applied: Knobs,
+    best: Knobs,
+    workload: Workload,
+    cal: Calibration,
+    mean: ParamMean | None,
+    policy: TuningPolicy,
+    current: Prediction,
+    pred: Prediction,
+) -> tuple[Prediction, str] | None:
+    """The candidate's prediction at the smaller of two gains, this window's fit's and the
+    recent windows' mean fit's (`calibration_mean`), and why, when the mean's is the smaller
+    (None when it is not). One window's fit can sit on a cliff the recent ones do not: a
+    70B deployment's 512/512 was predicted +19 % from one window, -47 % from the mean of the
+    ones before it, and -44 % by the truth."""
+    robust = robust_gain(
+        model, applied, best, workload, cal, mean, policy.evaluation_window_s,
+        current.capacity_rps, pred.capacity_rps,
+    )  # fmt: skip
+    if not robust.mean_binds or mean is None:
+        return None
+    ratio = "" if robust.mean_ratio is None else f" ({100.0 * (robust.mean_ratio - 1.0):+.1f}%)"
+    text = (
+        f"the mean fit of the last {mean.span_s() / 60:.0f} min (compute "
+        f"{mean.compute:.2f}, bandwidth {mean.bandwidth:.2f} against this window's "
+        f"{cal.compute:.2f}, {cal.bandwidth:.2f}) predicts a smaller gain{ratio}: "
+        f"{robust.best_rps:.2f} req/s/pod"
+    )
+    return replace(pred, capacity_rps=robust.best_rps), text
+
+
+def _gain_pct(current: Prediction, pred: Prediction) -> float:
+    if current.capacity_rps <= 0:
+        return math.inf
+    return 100.0 * (pred.capacity_rps / current.capacity_rps - 1.0)
 
 
 def _canary_cannot_credit(

@@ -1,0 +1,155 @@
+"""The engine's fitted parameters, averaged over the recent windows at the applied knobs.
+
+One window's step-time fit is noisy where the window cannot tell the parameters apart. On
+code-70b-h200-tp4 at 8192/1024 (a reality of compute 0.80), consecutive 300 s windows fitted
+compute anywhere from 0.62 to 0.95: most steps there are decodes, which bandwidth sets, and a
+few prefill-heavy steps decide compute. A candidate on a cliff of that parameter follows the
+noise: 512/512 was predicted at 1.56 req/s/pod from one window and at 2.87 from a window two
+minutes later (the truth: 1.38), and the second prediction started a canary that could only
+lose.
+
+The running mean here is an exponentially weighted mean of the four fitted parameters in the
+fit's own units (log efficiencies, admission cost, log jitter). It restarts when the knobs
+change (fits at other knobs carry other biases of the model) and is kept in the state's
+calibration mapping beside the fit itself, so it never becomes part of a Calibration, and
+never a key of the prediction or search memos.
+
+`robust_gain` is what decide() does with it: a change must be predicted to gain both from this
+window's fit and from the recent windows' mean. The smaller of the two gains is the one it
+acts on. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from vllm_autotuner.core.perf_model import Calibration, PerformanceModel, Workload
+from vllm_autotuner.core.tuning_types import Knobs
+
+# The mean's time constant, in evaluation windows: a fit is forgotten at 1/e after two
+# windows, so the mean rests on about three windows' worth of independent data (the windows
+# of consecutive reconciles overlap).
+MEAN_WINDOWS = 2.0
+
+_KEYS = ("mean_bandwidth", "mean_compute", "mean_admit_s", "mean_jitter")
+_AT = "mean_at"
+_SINCE = "mean_since"
+
+
+@dataclass(frozen=True)
+class ParamMean:
+    """The running mean of bandwidth and compute efficiency, admission cost (s) and jitter,
+    its last update (`at`, epoch seconds) and when it started (`since`)."""
+
+    bandwidth: float
+    compute: float
+    admit_s: float
+    jitter: float
+    at: float
+    since: float
+
+    @classmethod
+    def start(cls, cal: Calibration, now_s: float) -> ParamMean:
+        return cls(cal.bandwidth, cal.compute, cal.admit_s, cal.jitter, now_s, now_s)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, float]) -> ParamMean | None:
+        if any(k not in d for k in (*_KEYS, _AT, _SINCE)):
+            return None
+        bandwidth, compute, admit_s, jitter = (float(d[k]) for k in _KEYS)
+        if min(bandwidth, compute, jitter) <= 0 or admit_s < 0:
+            return None
+        return cls(bandwidth, compute, admit_s, jitter, float(d[_AT]), float(d[_SINCE]))
+
+    def to_dict(self) -> dict[str, float]:
+        values = (self.bandwidth, self.compute, self.admit_s, self.jitter)
+        return {**dict(zip(_KEYS, values, strict=True)), _AT: self.at, _SINCE: self.since}
+
+    def span_s(self) -> float:
+        """How long the mean has been gathering windows."""
+        return self.at - self.since
+
+    def calibration(self, cal: Calibration) -> Calibration:
+        """`cal` with the mean's step-time parameters (its KV, traffic and API fits kept)."""
+        return replace(
+            cal,
+            bandwidth=self.bandwidth,
+            compute=self.compute,
+            admit_s=self.admit_s,
+            jitter=self.jitter,
+        )
+
+
+def updated(
+    stored: Mapping[str, float], cal: Calibration, now_s: float, window_s: float
+) -> ParamMean | None:
+    """The mean after this window's fit `cal` (None when `cal` is not fitted). `stored` is
+    the state's calibration mapping from the last reconcile: its mean continues when its fit
+    ran at the same knobs, and restarts otherwise. Time-weighted, so a reconcile period
+    does not change the mean's memory; a clock that went back restarts it."""
+    if not cal.fitted:
+        return None
+    prev = ParamMean.from_dict(stored)
+    same_knobs = (
+        stored.get("fitted_budget") == cal.fitted_budget
+        and stored.get("fitted_seqs") == cal.fitted_seqs
+    )
+    if prev is None or not same_knobs or now_s < prev.at:
+        return ParamMean.start(cal, now_s)
+    a = 1.0 - math.exp(-(now_s - prev.at) / (MEAN_WINDOWS * max(window_s, 1.0)))
+
+    def log_mean(old: float, new: float) -> float:
+        return math.exp(math.log(old) + a * (math.log(new) - math.log(old)))
+
+    return ParamMean(
+        bandwidth=log_mean(prev.bandwidth, cal.bandwidth),
+        compute=log_mean(prev.compute, cal.compute),
+        admit_s=prev.admit_s + a * (cal.admit_s - prev.admit_s),
+        jitter=log_mean(prev.jitter, cal.jitter),
+        at=now_s,
+        since=prev.since,
+    )
+
+
+@dataclass(frozen=True)
+class RobustGain:
+    """The candidate's capacity a decision acts on (`best_rps`, req/s per pod) and the gain
+    over the applied knobs the recent windows' mean predicts (`mean_ratio`, candidate /
+    applied; None: no mean that spans an evaluation window yet). `mean_binds` when the mean's
+    gain is the smaller, and so lowered `best_rps` from this window's prediction."""
+
+    best_rps: float
+    mean_ratio: float | None
+    mean_binds: bool
+
+
+def robust_gain(
+    model: PerformanceModel,
+    applied: Knobs,
+    best: Knobs,
+    workload: Workload,
+    cal: Calibration,
+    mean: ParamMean | None,
+    window_s: float,
+    current_rps: float,
+    best_rps: float,
+) -> RobustGain:
+    """The candidate's capacity at the smaller of two gains over the applied knobs: this
+    window's fit's (`best_rps` / `current_rps`, already predicted) and the recent windows'
+    mean's, applied to `current_rps`. The mean counts once it spans at least one evaluation
+    window: before that it rests on the same few windows as the fit."""
+    if mean is None or mean.span_s() < window_s:
+        return RobustGain(best_rps, None, False)
+    at_mean = mean.calibration(cal)
+    now_m = model.predict(applied, workload, at_mean).capacity_rps
+    best_m = model.predict(best, workload, at_mean).capacity_rps
+    if now_m <= 0 or current_rps <= 0:
+        # No ratio to carry over: the mean's own word on whether the candidate serves at all.
+        mean_ratio = None if now_m <= 0 else best_m / now_m
+        low = min(best_rps, best_m) if best_m <= 0 else best_rps
+        return RobustGain(low, mean_ratio, low < best_rps)
+    mean_ratio = best_m / now_m
+    low = min(best_rps, current_rps * mean_ratio)
+    return RobustGain(low, mean_ratio, low < best_rps)

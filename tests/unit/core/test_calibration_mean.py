@@ -1,0 +1,173 @@
+"""The recent windows' mean fit (core/calibration_mean.py), and decide() acting on the smaller
+of its gain and this window's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.core.shared_model import SharedModel
+from tests.unit.core.test_decide import (
+    CTX,
+    KNOBS,
+    NOW,
+    make_policy,
+    ready_pods,
+    violating_snapshot,
+)
+from vllm_autotuner.core.calibration_mean import (
+    MEAN_WINDOWS,
+    ParamMean,
+    robust_gain,
+    updated,
+)
+from vllm_autotuner.core.decide import decide
+from vllm_autotuner.core.perf_model import Calibration, Workload
+from vllm_autotuner.core.snapshot import Observation
+from vllm_autotuner.core.tuning_types import Knobs, TuningState
+
+WINDOW_S = 300.0
+T0 = 1_800_000_000.0
+
+
+def fit(bandwidth: float = 0.9, compute: float = 0.8, budget: float = 8192.0) -> Calibration:
+    return Calibration(
+        bandwidth=bandwidth,
+        compute=compute,
+        admit_s=0.001,
+        jitter=0.06,
+        fitted=True,
+        fitted_budget=budget,
+        fitted_seqs=1024.0,
+    )
+
+
+def stored(cal: Calibration, mean: ParamMean | None) -> dict[str, float]:
+    return {**cal.to_dict(), **(mean.to_dict() if mean is not None else {})}
+
+
+def test_the_mean_round_trips_through_the_state_and_refuses_nonsense() -> None:
+    m = ParamMean(0.9, 0.8, 0.001, 0.06, T0 + 60, T0)
+    assert ParamMean.from_dict(m.to_dict()) == m
+    assert ParamMean.from_dict(fit().to_dict()) is None  # a calibration without a mean
+    for key, bad in (("mean_compute", 0.0), ("mean_jitter", -1.0), ("mean_admit_s", -0.1)):
+        assert ParamMean.from_dict({**m.to_dict(), key: bad}) is None
+    # The mean never becomes part of a Calibration (a key of the prediction memo).
+    assert Calibration.from_dict(stored(fit(), m)) == Calibration.from_dict(fit().to_dict())
+
+
+def test_the_mean_starts_continues_and_restarts() -> None:
+    assert updated({}, replace(fit(), fitted=False), T0, WINDOW_S) is None
+    first = updated({}, fit(), T0, WINDOW_S)
+    assert first == ParamMean.start(fit(), T0)
+    later = updated(stored(fit(), first), fit(compute=1.6), T0 + WINDOW_S, WINDOW_S)
+    assert later is not None and later.since == T0 and later.at == T0 + WINDOW_S
+    # One window later the new fit has weight 1 - exp(-1/MEAN_WINDOWS), in log units.
+    a = 1.0 - math.exp(-1.0 / MEAN_WINDOWS)
+    assert later.compute == pytest.approx(math.exp(math.log(0.8) + a * math.log(2.0)))
+    assert later.bandwidth == pytest.approx(0.9)
+    # Other knobs: their fits carry other biases of the model, so the mean starts again.
+    other = updated(stored(fit(), later), fit(budget=512.0), T0 + 2 * WINDOW_S, WINDOW_S)
+    assert other == ParamMean.start(fit(budget=512.0), T0 + 2 * WINDOW_S)
+    # A clock that went back starts it again too.
+    back = updated(stored(fit(), later), fit(compute=1.6), T0 - 10, WINDOW_S)
+    assert back == ParamMean.start(fit(compute=1.6), T0 - 10)
+
+
+finite = st.floats(0.2, 3.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fits=st.lists(st.tuples(finite, finite, st.floats(1.0, 900.0)), min_size=1, max_size=12),
+)
+def test_the_mean_stays_inside_what_the_fits_said(
+    fits: list[tuple[float, float, float]],
+) -> None:
+    """A weighted mean: never outside the range of the fits it has seen."""
+    state: dict[str, float] = {}
+    t = T0
+    for bw, ce, dt in fits:
+        t += dt
+        cal = fit(bandwidth=bw, compute=ce)
+        m = updated(state, cal, t, WINDOW_S)
+        assert m is not None
+        state = stored(cal, m)
+    bws, ces = [f[0] for f in fits], [f[1] for f in fits]
+    assert min(bws) * (1 - 1e-9) <= m.bandwidth <= max(bws) * (1 + 1e-9)
+    assert min(ces) * (1 - 1e-9) <= m.compute <= max(ces) * (1 + 1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=finite, second=finite, a=st.floats(1.0, 600.0), b=st.floats(1.0, 600.0))
+def test_the_reconcile_period_does_not_change_the_memory(
+    first: float, second: float, a: float, b: float
+) -> None:
+    """Weighted by time: the same fit seen at two reconciles, or once at the later one,
+    moves the mean the same."""
+    start = stored(fit(compute=first), updated({}, fit(compute=first), T0, WINDOW_S))
+    new = fit(compute=second)
+    once = updated(start, new, T0 + a + b, WINDOW_S)
+    mid = updated(start, new, T0 + a, WINDOW_S)
+    twice = updated(stored(new, mid), new, T0 + a + b, WINDOW_S)
+    assert once is not None and twice is not None
+    assert twice.compute == pytest.approx(once.compute, rel=1e-9)
+
+
+def _calibrated() -> tuple[SharedModel, Workload, Calibration, float, float, Knobs]:
+    snap = violating_snapshot(KNOBS, rate=4.0)
+    policy, model = make_policy(), SharedModel()
+    w = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
+    cal = model.calibrate(snap, KNOBS, CTX, w, None)
+    best = Knobs(1408, 1024, 0.92)
+    now_rps = model.predict(KNOBS, w, cal).capacity_rps
+    best_rps = model.predict(best, w, cal).capacity_rps
+    assert best_rps > now_rps > 0
+    return model, w, cal, now_rps, best_rps, best
+
+
+def test_the_smaller_gain_is_the_one_acted_on() -> None:
+    model, w, cal, now_rps, best_rps, best = _calibrated()
+    same = ParamMean.start(cal, T0 - 2 * WINDOW_S)
+    same = replace(same, at=T0)
+    g = robust_gain(model, KNOBS, best, w, cal, same, WINDOW_S, now_rps, best_rps)
+    assert not g.mean_binds and g.best_rps == best_rps
+    assert g.mean_ratio == pytest.approx(best_rps / now_rps)
+    slower = replace(same, compute=cal.compute * 0.5)
+    g = robust_gain(model, KNOBS, best, w, cal, slower, WINDOW_S, now_rps, best_rps)
+    assert g.mean_binds and g.mean_ratio is not None
+    assert g.best_rps == pytest.approx(now_rps * g.mean_ratio) and g.best_rps < best_rps
+    # A mean younger than one window rests on the fit's own windows: it does not count.
+    young = replace(slower, since=T0 - WINDOW_S / 2)
+    g = robust_gain(model, KNOBS, best, w, cal, young, WINDOW_S, now_rps, best_rps)
+    assert not g.mean_binds and g.mean_ratio is None and g.best_rps == best_rps
+
+
+@pytest.mark.parametrize(("factor", "action"), [(1.0, "rollout"), (0.5, "hold")])
+def test_decide_holds_a_gain_the_recent_fits_do_not_predict(factor: float, action: str) -> None:
+    """decide() keeps the mean in the state's calibration, and a candidate whose gain the
+    recent windows' mean fit does not predict is held, with both numbers in the reason."""
+    snap = violating_snapshot(KNOBS, rate=4.0)
+    obs, policy = Observation(snap, ready_pods(KNOBS)), make_policy()
+    first = decide(TuningState.initial(KNOBS), obs, policy, CTX, NOW, SharedModel())
+    assert first.action == "rollout", first.reason
+    mean = ParamMean.from_dict(first.new_state.calibration)
+    assert mean is not None and mean.since == mean.at == NOW.timestamp()
+    cal = dict(first.new_state.calibration)
+    cal.update(mean_compute=cal["compute"] * factor, mean_since=cal["mean_since"] - 3600.0)
+    state = replace(TuningState.initial(KNOBS), calibration=cal)
+    d = decide(state, obs, policy, CTX, NOW + timedelta(seconds=30), SharedModel())
+    assert d.action == action, d.reason
+    if action == "hold":
+        assert "the mean fit of the last 60 min" in d.reason
+        assert "not rolled out: no gain that holds at the recent windows' fit" in d.reason
+        assert d.new_state.recommendation is None
+        (_, applied), (_, proposed) = d.predictions
+        assert proposed.capacity_rps <= applied.capacity_rps
+    else:
+        assert "the mean fit" not in d.reason
