@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from vllm_autotuner.core.autoscaling import scale_wait
-from vllm_autotuner.core.calibration_mean import ParamMean, robust_gain, updated
+from vllm_autotuner.core.calibration_mean import ParamMean, RobustGain, robust_gain, updated
 from vllm_autotuner.core.canary import cautious_slo, judge_canary, miss_share
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
 from vllm_autotuner.core.economics import (
@@ -843,11 +843,15 @@ def _steady(
             predictions=seen,
         )
     best, pred = res.best, res.prediction
-    robust = _at_recent_mean(model, applied, best, workload, cal, mean, policy, current, pred)
-    if robust is not None:
-        pred, summary = robust[0], f"{summary}; {robust[1]}"
+    robust = robust_gain(
+        model, applied, best, workload, cal, mean, policy.evaluation_window_s,
+        current.capacity_rps, pred.capacity_rps,
+    )  # fmt: skip
+    if robust.mean_binds and mean is not None:
+        pred = replace(pred, capacity_rps=robust.best_rps)
+        summary = f"{summary}; {_mean_says(robust, mean, cal)}"
     seen = ((applied, current), (best, pred))
-    if robust is not None and pred.capacity_rps <= current.capacity_rps:
+    if robust.mean_binds and pred.capacity_rps <= current.capacity_rps:
         text = f"{summary}; not rolled out: no gain that holds at the recent windows' fit"
         held = replace(s, phase="Observing", recommendation=None)
         held = replace(held, headroom_wait_since=_wait(s, diag))
@@ -925,36 +929,18 @@ def _steady(
     )  # fmt: skip
 
 
-def _at_recent_mean(
-    model: PerformanceModel,
-    applied: Knobs,
-    best: Knobs,
-    workload: Workload,
-    cal: Calibration,
-    mean: ParamMean | None,
-    policy: TuningPolicy,
-    current: Prediction,
-    pred: Prediction,
-) -> tuple[Prediction, str] | None:
-    """The candidate's prediction at the smaller of two gains, this window's fit's and the
-    recent windows' mean fit's (`calibration_mean`), and why, when the mean's is the smaller
-    (None when it is not). One window's fit can sit on a cliff the recent ones do not: a
-    70B deployment's 512/512 was predicted +19 % from one window, -47 % from the mean of the
-    ones before it, and -44 % by the truth."""
-    robust = robust_gain(
-        model, applied, best, workload, cal, mean, policy.evaluation_window_s,
-        current.capacity_rps, pred.capacity_rps,
-    )  # fmt: skip
-    if not robust.mean_binds or mean is None:
-        return None
+def _mean_says(robust: RobustGain, mean: ParamMean, cal: Calibration) -> str:
+    """Why the candidate's gain is the recent windows' mean fit's (`calibration_mean`), not
+    this window's: one window's fit can sit on a cliff the recent ones do not (a 70B
+    deployment's 512/512 was predicted +19 % from one window, -47 % from the mean of the ones
+    before it, and -44 % by the truth)."""
     ratio = "" if robust.mean_ratio is None else f" ({100.0 * (robust.mean_ratio - 1.0):+.1f}%)"
-    text = (
+    return (
         f"the mean fit of the last {mean.span_s() / 60:.0f} min (compute "
         f"{mean.compute:.2f}, bandwidth {mean.bandwidth:.2f} against this window's "
         f"{cal.compute:.2f}, {cal.bandwidth:.2f}) predicts a smaller gain{ratio}: "
         f"{robust.best_rps:.2f} req/s/pod"
     )
-    return replace(pred, capacity_rps=robust.best_rps), text
 
 
 def _gain_pct(current: Prediction, pred: Prediction) -> float:

@@ -98,6 +98,7 @@ def test_the_mean_stays_inside_what_the_fits_said(
         m = updated(state, cal, t, WINDOW_S)
         assert m is not None
         state = stored(cal, m)
+    assert m is not None
     bws, ces = [f[0] for f in fits], [f[1] for f in fits]
     assert min(bws) * (1 - 1e-9) <= m.bandwidth <= max(bws) * (1 + 1e-9)
     assert min(ces) * (1 - 1e-9) <= m.compute <= max(ces) * (1 + 1e-9)
@@ -171,3 +172,27 @@ def test_decide_holds_a_gain_the_recent_fits_do_not_predict(factor: float, actio
         assert proposed.capacity_rps <= applied.capacity_rps
     else:
         assert "the mean fit" not in d.reason
+
+
+@settings(max_examples=15, deadline=None)
+@given(compute=st.floats(0.5, 2.0), bandwidth=st.floats(0.5, 2.0), span=st.floats(0.0, 3.0))
+def test_the_gain_acted_on_is_never_more_than_either_fit_predicts(
+    compute: float, bandwidth: float, span: float
+) -> None:
+    """Whatever the recent fits said, the capacity a decision acts on is at most this
+    window's prediction and, once the mean spans a window, at most the mean's gain over the
+    applied knobs' capacity."""
+    model, w, cal, now_rps, best_rps, best = _calibrated()
+    mean = replace(
+        ParamMean.start(cal, T0 - span * WINDOW_S),
+        compute=cal.compute * compute,
+        bandwidth=cal.bandwidth * bandwidth,
+        at=T0,
+    )
+    g = robust_gain(model, KNOBS, best, w, cal, mean, WINDOW_S, now_rps, best_rps)
+    assert g.best_rps <= best_rps
+    assert g.mean_binds == (g.best_rps < best_rps)
+    if span < 1.0:
+        assert g.mean_ratio is None and g.best_rps == best_rps
+    elif g.mean_ratio is not None:
+        assert g.best_rps <= now_rps * g.mean_ratio * (1 + 1e-12)
