@@ -88,7 +88,8 @@ def updated(
     """The mean after this window's fit `cal` (None when `cal` is not fitted). `stored` is
     the state's calibration mapping from the last reconcile: its mean continues when its fit
     ran at the same knobs, and restarts otherwise. Time-weighted, so a reconcile period
-    does not change the mean's memory; a clock that went back restarts it."""
+    does not change the mean's memory; a clock that went back restarts it. A fit equal to
+    the stored one is no news and leaves the mean as it was."""
     if not cal.fitted:
         return None
     prev = ParamMean.from_dict(stored)
@@ -98,6 +99,11 @@ def updated(
     )
     if prev is None or not same_knobs or now_s < prev.at:
         return ParamMean.start(cal, now_s)
+    if _same_fit(stored, cal):
+        # No new samples since the last reconcile (the fit is a pure function of the window):
+        # nothing to weigh, and nothing to write to status (an idle deployment's reconcile
+        # writes nothing, docs/scale.md).
+        return prev
     a = 1.0 - math.exp(-(now_s - prev.at) / (MEAN_WINDOWS * max(window_s, 1.0)))
 
     def log_mean(old: float, new: float) -> float:
@@ -111,6 +117,12 @@ def updated(
         at=now_s,
         since=prev.since,
     )
+
+
+def _same_fit(stored: Mapping[str, float], cal: Calibration) -> bool:
+    fitted = (cal.bandwidth, cal.compute, cal.admit_s, cal.jitter)
+    keys = ("bandwidth", "compute", "admit_s", "jitter")
+    return all(stored.get(k) == v for k, v in zip(keys, fitted, strict=True))
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,8 @@ def test_the_mean_starts_continues_and_restarts() -> None:
     a = 1.0 - math.exp(-1.0 / MEAN_WINDOWS)
     assert later.compute == pytest.approx(math.exp(math.log(0.8) + a * math.log(2.0)))
     assert later.bandwidth == pytest.approx(0.9)
+    # The same fit again is no news: the mean, and so the status, stays as it was.
+    assert updated(stored(fit(compute=1.6), later), fit(compute=1.6), T0 + 900, WINDOW_S) == later
     # Other knobs: their fits carry other biases of the model, so the mean starts again.
     other = updated(stored(fit(), later), fit(budget=512.0), T0 + 2 * WINDOW_S, WINDOW_S)
     assert other == ParamMean.start(fit(budget=512.0), T0 + 2 * WINDOW_S)
@@ -106,18 +108,21 @@ def test_the_mean_stays_inside_what_the_fits_said(
 
 @settings(max_examples=200, deadline=None)
 @given(first=finite, second=finite, a=st.floats(1.0, 600.0), b=st.floats(1.0, 600.0))
-def test_the_reconcile_period_does_not_change_the_memory(
+def test_a_new_fit_weighs_by_the_time_since_the_last_and_a_repeat_weighs_nothing(
     first: float, second: float, a: float, b: float
 ) -> None:
-    """Weighted by time: the same fit seen at two reconciles, or once at the later one,
-    moves the mean the same."""
+    """A new fit `a` seconds after the last moves the mean by 1 - exp(-a / tau) of the way
+    in log units (tau: MEAN_WINDOWS evaluation windows), whatever the reconcile period; the
+    same fit seen again `b` seconds later is no news and moves nothing."""
     start = stored(fit(compute=first), updated({}, fit(compute=first), T0, WINDOW_S))
     new = fit(compute=second)
-    once = updated(start, new, T0 + a + b, WINDOW_S)
-    mid = updated(start, new, T0 + a, WINDOW_S)
-    twice = updated(stored(new, mid), new, T0 + a + b, WINDOW_S)
-    assert once is not None and twice is not None
-    assert twice.compute == pytest.approx(once.compute, rel=1e-9)
+    moved = updated(start, new, T0 + a, WINDOW_S)
+    assert moved is not None
+    w = 1.0 - math.exp(-a / (MEAN_WINDOWS * WINDOW_S))
+    expected = math.exp(math.log(first) + w * (math.log(second) - math.log(first)))
+    assert moved.compute == pytest.approx(expected, rel=1e-9)
+    again = updated(stored(new, moved), new, T0 + a + b, WINDOW_S)
+    assert again == moved
 
 
 def _calibrated() -> tuple[SharedModel, Workload, Calibration, float, float, Knobs]:
