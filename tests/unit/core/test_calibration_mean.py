@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from tests.unit.core.test_decide import (
     KNOBS,
     NOW,
     make_policy,
+    make_snapshot,
     ready_pods,
     violating_snapshot,
 )
@@ -201,3 +203,30 @@ def test_the_gain_acted_on_is_never_more_than_either_fit_predicts(
         assert g.mean_ratio is None and g.best_rps == best_rps
     elif g.mean_ratio is not None:
         assert g.best_rps <= now_rps * g.mean_ratio * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("rate", [0.05, 4.0, 40.0])
+def test_the_same_window_again_changes_nothing_in_status(rate: float) -> None:
+    """A reconcile that sees no new samples writes nothing: the status the state renders to
+    after it is the one before it (1,000 idle deployments would otherwise patch status every
+    reconcile; bench.scale counts those writes). The controller keeps the time stamps of a
+    decision and a model check that did not change (`controller.keep_stamp`)."""
+    snap = make_snapshot(KNOBS, rate=rate)
+    obs, policy = Observation(snap, ready_pods(KNOBS)), make_policy()
+    first = decide(TuningState.initial(KNOBS), obs, policy, CTX, NOW, SharedModel())
+    later = first.new_state
+    for k in range(1, 4):
+        d = decide(later, obs, policy, CTX, NOW + timedelta(seconds=30 * k), SharedModel())
+        assert d.action == first.action or first.action == "rollout", d.reason
+        if first.action == "rollout":
+            return
+        assert _unstamped(d.new_state) == _unstamped(later)
+        later = d.new_state
+
+
+def _unstamped(state: TuningState) -> dict[str, Any]:
+    out = state.to_dict()
+    for key in ("lastDecision", "model"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: v for k, v in out[key].items() if k != "time"}
+    return out
