@@ -33,7 +33,9 @@ from vllm_autotuner.core.tuning_types import Knobs
 # of consecutive reconciles overlap).
 MEAN_WINDOWS = 2.0
 
-_KEYS = ("mean_bandwidth", "mean_compute", "mean_admit_s", "mean_jitter")
+# The fitted step-time parameters the mean follows, as Calibration names them.
+_PARAMS = ("bandwidth", "compute", "admit_s", "jitter")
+_KEYS = tuple(f"mean_{p}" for p in _PARAMS)
 _AT = "mean_at"
 _SINCE = "mean_since"
 
@@ -120,9 +122,7 @@ def updated(
 
 
 def _same_fit(stored: Mapping[str, float], cal: Calibration) -> bool:
-    fitted = (cal.bandwidth, cal.compute, cal.admit_s, cal.jitter)
-    keys = ("bandwidth", "compute", "admit_s", "jitter")
-    return all(stored.get(k) == v for k, v in zip(keys, fitted, strict=True))
+    return all(stored.get(k) == getattr(cal, k) for k in _PARAMS)
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def robust_gain(
     if now_m <= 0 or current_rps <= 0:
         # No ratio to carry over: the mean's own word on whether the candidate serves at all.
         mean_ratio = None if now_m <= 0 else best_m / now_m
-        low = min(best_rps, best_m) if best_m <= 0 else best_rps
+        low = best_rps if best_m > 0 else 0.0
         return RobustGain(low, mean_ratio, low < best_rps)
     mean_ratio = best_m / now_m
     low = min(best_rps, current_rps * mean_ratio)

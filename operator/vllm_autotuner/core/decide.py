@@ -9,7 +9,6 @@ here, in one place, so the property tests can hold decide() to the safety rules.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -44,7 +43,7 @@ from vllm_autotuner.core.rollout import (
     rollout_progress,
     worst_ratio,
 )
-from vllm_autotuner.core.search import SearchResult, allowed, search
+from vllm_autotuner.core.search import SearchResult, allowed, capacity_gain_pct, search
 from vllm_autotuner.core.search_memo import SearchInputs, SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.steady_state import shared_evaluations
@@ -853,16 +852,15 @@ def _steady(
     seen = ((applied, current), (best, pred))
     if robust.mean_binds and pred.capacity_rps <= current.capacity_rps:
         text = f"{summary}; not rolled out: no gain that holds at the recent windows' fit"
-        held = replace(s, phase="Observing", recommendation=None)
-        held = replace(held, headroom_wait_since=_wait(s, diag))
-        return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
+        s = replace(s, recommendation=None)
+        return _hold_observing(s, now, text, diag, pred, memo, seen)
     previous = state.recommendation
     changed = previous is None or not previous.knobs.same_as(best)
     rec = Recommendation(
         knobs=best,
         reason=summary,
         predicted=Predicted(pred.capacity_rps, pred.ttft_ms, pred.itl_ms),
-        gain_pct=min(res.gain_pct, _gain_pct(current, pred), 1e6),
+        gain_pct=min(res.gain_pct, capacity_gain_pct(current.capacity_rps, pred.capacity_rps), 1e6),
         # Since when these knobs are recommended: a repeated recommendation keeps its time,
         # so an unchanged conclusion does not rewrite status every reconcile.
         time=now if previous is None or changed else previous.time,
@@ -885,8 +883,7 @@ def _steady(
             f"{summary}; not rolled out: it would carry {pred.capacity_rps:.2f} req/s/pod, "
             f"below the {rate_ref:.2f} req/s/pod seen lately that the current knobs carry"
         )
-        held = replace(s, phase="Observing", headroom_wait_since=_wait(s, diag))
-        return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
+        return _hold_observing(s, now, text, diag, pred, memo, seen)
     room = headroom(ctx, current.capacity_rps, rate)
     worth = worth_restart(
         ctx,
@@ -900,8 +897,7 @@ def _steady(
     )
     if not worth.worth:
         text = f"{summary}; not worth the restart: {worth.text}"
-        held = replace(s, phase="Observing", headroom_wait_since=_wait(s, diag))
-        return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
+        return _hold_observing(s, now, text, diag, pred, memo, seen)
     unprovable = (
         _canary_cannot_credit(model, best, workload, cal, current.capacity_rps, policy, rate)
         if strategy == "Canary" and not diag.violates_slo
@@ -909,8 +905,7 @@ def _steady(
     )
     if unprovable is not None:
         text = f"{summary}; not rolled out: {unprovable}"
-        held = replace(s, phase="Observing", headroom_wait_since=_wait(s, diag))
-        return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
+        return _hold_observing(s, now, text, diag, pred, memo, seen)
     waited = _headroom_wait(s, policy, now, room, diag.violates_slo, summary, worth)
     if waited is not None:
         return replace(waited, diagnosis=diag, prediction=pred, search_memo=memo, predictions=seen)
@@ -929,6 +924,21 @@ def _steady(
     )  # fmt: skip
 
 
+def _hold_observing(
+    s: TuningState,
+    now: datetime,
+    text: str,
+    diag: Diagnosis,
+    pred: Prediction,
+    memo: SearchMemo | None,
+    seen: tuple[tuple[Knobs, Prediction], ...],
+) -> Decision:
+    """Hold a candidate back and keep observing (the headroom wait kept only while the SLO
+    is violated, `_wait`)."""
+    held = replace(s, phase="Observing", headroom_wait_since=_wait(s, diag))
+    return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
+
+
 def _mean_says(robust: RobustGain, mean: ParamMean, cal: Calibration) -> str:
     """Why the candidate's gain is the recent windows' mean fit's (`calibration_mean`), not
     this window's: one window's fit can sit on a cliff the recent ones do not (a 70B
@@ -941,12 +951,6 @@ def _mean_says(robust: RobustGain, mean: ParamMean, cal: Calibration) -> str:
         f"{cal.compute:.2f}, {cal.bandwidth:.2f}) predicts a smaller gain{ratio}: "
         f"{robust.best_rps:.2f} req/s/pod"
     )
-
-
-def _gain_pct(current: Prediction, pred: Prediction) -> float:
-    if current.capacity_rps <= 0:
-        return math.inf
-    return 100.0 * (pred.capacity_rps / current.capacity_rps - 1.0)
 
 
 def _canary_cannot_credit(

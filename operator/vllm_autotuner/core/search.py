@@ -343,11 +343,7 @@ def search(
             evaluated,
         )
     base = current.capacity_rps
-    gain = (
-        (best_pred.capacity_rps - base) / base * 100.0
-        if base > 0
-        else (math.inf if best_pred.capacity_rps > 0 else 0.0)
-    )
+    gain = capacity_gain_pct(base, best_pred.capacity_rps)
     capacity = (
         f"predicted capacity {best_pred.capacity_rps:.2f} req/s/pod vs {base:.2f} now "
         f"({_pct(gain)})"
@@ -440,6 +436,13 @@ def _evidence_note(k: Knobs, applied: Knobs, residuals: Sequence[tuple[Knobs, fl
         return ""
     shift = _pct((math.exp(c) - 1.0) * 100.0)
     return f" (after {shift} from what {len(residuals)} earlier trials measured)"
+
+
+def capacity_gain_pct(base_rps: float, new_rps: float) -> float:
+    """The gain of capacity from `base_rps` to `new_rps`, in percent (infinite from none)."""
+    if base_rps > 0:
+        return (new_rps - base_rps) / base_rps * 100.0
+    return math.inf if new_rps > 0 else 0.0
 
 
 def _pct(gain: float) -> str:
