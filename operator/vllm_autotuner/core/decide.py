@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from vllm_autotuner.core.arrival_pool import ArrivalPool, pooled, stored_pool
 from vllm_autotuner.core.autoscaling import scale_wait
 from vllm_autotuner.core.calibration_mean import ParamMean, RobustGain, robust_gain, updated
 from vllm_autotuner.core.canary import cautious_slo, judge_canary, miss_share
@@ -333,7 +334,7 @@ def _verify_rolling(
     problem = _unusable(snap, cand, policy)
     if problem is not None:
         return _waits_for_data(state, now, policy, cand, problem)
-    workload = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
+    workload = _workload(snap, policy, policy.safety_margin, _pool(state))
     raw = replace(workload, safety_margin=1.0)
     base_cal = _prior(state)
     cal = model.calibrate(snap, cand, ctx, workload, base_cal)
@@ -399,7 +400,9 @@ def _conclude_trial(
         verify_until=None,
         proven_memory=_proven(state, cand),
         baseline=measured,
-        calibration=state.calibration if cal is None else cal.to_dict(),
+        calibration=state.calibration
+        if cal is None
+        else {**cal.to_dict(), **stored_pool(state.calibration)},
         analysis=analysis,
     )
     text = f"committed {cand.describe()}: {verdict.reason}"
@@ -472,8 +475,9 @@ def _canary_analysis(
     final = now >= until
     cap_base = cap_can = cautious = None
     if final:
-        cap_base, _ = _own_capacity(model, base, state.applied, policy, ctx, _prior(state))
-        cap_can, cautious = _own_capacity(model, can, cand, policy, ctx, _prior(state), True)
+        prior, pool = _prior(state), _pool(state)
+        cap_base, _ = _own_capacity(model, base, state.applied, policy, ctx, prior, pool)
+        cap_can, cautious = _own_capacity(model, can, cand, policy, ctx, prior, pool, True)
     j = judge_canary(
         base,
         can,
@@ -582,14 +586,16 @@ def _own_capacity(
     policy: TuningPolicy,
     ctx: DeploymentContext,
     prior: Calibration | None,
+    pool: ArrivalPool | None,
     cautious: bool = False,
 ) -> tuple[float | None, float | None]:
-    """Capacity per pod of `knobs`, from the model calibrated on these pods' own window, and
-    with `cautious` the same at the SLO a window of this many requests cannot rule out
+    """Capacity per pod of `knobs`, from the model calibrated on these pods' own window (at
+    the deployment's pooled burstiness, the same for both sides of a canary), and with
+    `cautious` the same at the SLO a window of this many requests cannot rule out
     (`cautious_slo`; None without)."""
     if snap.completed_requests <= 0:
         return None, None
-    w = Workload.from_snapshot(snap, policy.slo, 1.0)
+    w = _workload(snap, policy, 1.0, pool)
     cal = model.calibrate(snap, knobs, ctx, w, prior)
     central = model.predict(knobs, w, cal).capacity_rps
     if not cautious:
@@ -644,7 +650,23 @@ def _promoting(
 
 
 def _prior(state: TuningState) -> Calibration | None:
-    return Calibration.from_dict(state.calibration) if state.calibration else None
+    """The last fit; None before any (the arrivals' pool alone is no fit)."""
+    pool = stored_pool(state.calibration)
+    fit = {k: v for k, v in state.calibration.items() if k not in pool}
+    return Calibration.from_dict(fit) if fit else None
+
+
+def _pool(state: TuningState) -> ArrivalPool | None:
+    return ArrivalPool.from_dict(state.calibration)
+
+
+def _workload(
+    snap: Snapshot, policy: TuningPolicy, margin: float, pool: ArrivalPool | None
+) -> Workload:
+    """The window's traffic, at the recent windows' pooled burstiness where there is one
+    (core/arrival_pool.py): one window's counts are too few to tell bursts from noise."""
+    w = Workload.from_snapshot(snap, policy.slo, margin)
+    return w if pool is None else replace(w, arrival_cv2=pool.cv2())
 
 
 def _unusable(snap: Snapshot, knobs: Knobs, policy: TuningPolicy) -> str | None:
@@ -788,7 +810,8 @@ def _steady(
     if problem is not None:
         return _done(replace(state, phase="Holding"), now, "hold", problem)
 
-    workload = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
+    pool = pooled(state.calibration, snap, now.timestamp(), policy.evaluation_window_s)
+    workload = _workload(snap, policy, policy.safety_margin, pool)
     cal = model.calibrate(snap, applied, ctx, workload, _prior(state))
     current = model.predict(applied, workload, cal)
     rate = snap.per_pod_rate()
@@ -807,7 +830,11 @@ def _steady(
         diagnose(snap, policy.slo, applied, policy.min_requests_per_window), check, current, policy
     )
     mean = updated(state.calibration, cal, now.timestamp(), policy.evaluation_window_s)
-    stored = {**cal.to_dict(), **(mean.to_dict() if mean is not None else {})}
+    stored = {
+        **cal.to_dict(),
+        **(mean.to_dict() if mean is not None else {}),
+        **(pool.to_dict() if pool is not None else {}),
+    }
     s = _with_peak(replace(state, calibration=stored, model_check=check), rate, now)
     if applied.same_as(state.last_good):
         s = replace(s, baseline=measure(snap, policy.slo, current.capacity_rps))

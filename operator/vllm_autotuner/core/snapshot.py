@@ -252,10 +252,17 @@ def arrival_cv2(snapshot: Snapshot) -> float:
     so counts of first tokens look regular whatever the arrivals (a window at the capacity of
     bursty-8b-h100 showed 0.69 for Poisson arrivals). Too few intervals, or none: 1."""
     d = snapshot.arrival_dispersion
-    n = snapshot.arrival_intervals
-    if d is None or not math.isfinite(d) or n < MIN_DISPERSION_INTERVALS:
+    if d is None:
         return 1.0
-    return max(1.0, d - 2.0 * math.sqrt(2.0 / n))
+    return shrunk_cv2(d, snapshot.arrival_intervals)
+
+
+def shrunk_cv2(dispersion: float, intervals: float) -> float:
+    """A dispersion from `intervals` scrape intervals, shrunk towards 1 by two of its
+    standard errors (`arrival_cv2`); at least 1, and 1 from too few intervals."""
+    if not math.isfinite(dispersion) or intervals < MIN_DISPERSION_INTERVALS:
+        return 1.0
+    return max(1.0, dispersion - 2.0 * math.sqrt(2.0 / intervals))
 
 
 MAX_WINDOW_FACTOR = 6
