@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from tests.unit.core.test_decide import KNOBS, NOW, _window_served, make_snapshot, ready_pods, run
 from vllm_autotuner.core.arrival_pool import (
+    OUTLIER,
     POOL_LAPSE,
     POOL_WINDOWS,
     ArrivalPool,
@@ -112,6 +113,32 @@ def test_it_rests_on_about_pool_windows_of_intervals_whatever_the_period(
         assert pool is not None
         stored = pool.to_dict()
     assert POOL_WINDOWS * n * 0.99 <= pool.intervals <= POOL_WINDOWS * n * 1.14
+
+
+def test_one_wild_window_cannot_hold_the_model() -> None:
+    """chat-8b-h100 (Poisson): a window that began at its load step read 4.9 after the windows
+    over the step were left out for six minutes. It counts at most OUTLIER of its standard
+    errors from the pool, so the model stays near Poisson; counted in full it would have put
+    the pool at 2.1."""
+    calm = ArrivalPool(1.2, 128.0, T0, 2, 1.1)
+    wild = pooled(calm.to_dict(), window(4.9), T0 + 360.0, WINDOW_S)
+    assert wild is not None and wild.last == 4.9
+    assert wild.dispersion <= 1.2 + OUTLIER * 1.2 * math.sqrt(2.0 / 32)
+    assert wild.cv2() < 1.2
+    kept = 128.0 * math.exp(-360.0 / (POOL_WINDOWS * WINDOW_S))
+    assert (kept * 1.2 + 32.0 * 4.9) / (kept + 32.0) > 2.0  # what full weight would give
+
+
+def test_a_real_change_of_burstiness_moves_the_pool_at_its_own_pace() -> None:
+    """Traffic that turns bursty (1 to 2.5) moves the pool as fast as an unbounded mean
+    would, near enough: the bound costs a real change little."""
+    stored = ArrivalPool(1.0, 128.0, T0, 2, 1.0).to_dict()
+    for i in range(1, 61):  # 30 minutes of reconciles every 30 s at the new burstiness
+        pool = pooled(stored, window(2.5 + 1e-9 * (i % 2)), T0 + 30.0 * i, WINDOW_S)
+        assert pool is not None
+        stored = pool.to_dict()
+    unbounded = 2.5 - 1.5 * math.exp(-1800.0 / (POOL_WINDOWS * WINDOW_S))
+    assert pool.dispersion > 0.95 * unbounded
 
 
 def test_pooling_shrinks_the_noise_it_must_be_discounted_by() -> None:
