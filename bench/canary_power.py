@@ -29,6 +29,7 @@ from bench.model_fit.__main__ import observe
 from bench.tuning.methods import context, vllm_defaults
 from bench.tuning.scenario import Scenario, load
 from bench.tuning.truth import Truth
+from vllm_autotuner.core.arrival_pool import pooled
 from vllm_autotuner.core.canary import judge_canary
 from vllm_autotuner.core.decide import CANARY_WINDOW_FACTOR, _canary_min_requests, _own_capacity
 from vllm_autotuner.core.perf_model import AnalyticModel, Workload
@@ -107,10 +108,14 @@ def _pair(
         if min(base.completed_requests, can.completed_requests) >= need:
             break
     model = AnalyticModel(ctx.gpu_product)
+    # The deployment's burstiness as the operator pools it: here, the baseline's window alone.
+    pool = pooled({}, base, 0.0, policy.evaluation_window_s)
     w = Workload.from_snapshot(base, policy.slo, policy.safety_margin)
+    if pool is not None:
+        w = dataclasses.replace(w, arrival_cv2=pool.cv2())
     prior = model.calibrate(base, base_knobs, ctx, w, None)
-    cb, _ = _own_capacity(model, base, base_knobs, policy, ctx, prior)
-    cc, cautious = _own_capacity(model, can, cand, policy, ctx, prior, True)
+    cb, _ = _own_capacity(model, base, base_knobs, policy, ctx, prior, pool)
+    cc, cautious = _own_capacity(model, can, cand, policy, ctx, prior, pool, True)
     j = judge_canary(base, can, policy.slo, need, cb, cc, policy.min_gain_pct, True, cautious)
     gain = cc / cb - 1.0 if cb and cc else None
     row: dict[str, object] = {
