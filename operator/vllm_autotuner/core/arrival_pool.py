@@ -42,9 +42,9 @@ POOL_LAPSE = 3.0
 # How far from the pool one window's reading counts, in that window's standard errors at the
 # pool's level (`d sqrt(2 / n)`); beyond, it counts as this far. On chat-8b-h100 (Poisson), the
 # window that began at its load step (16 to 28 req/s per pod) passed the adapter's steadiness
-# check at 4.9: its oldest segment held a scrape interval from before the step. Pooled at
-# full weight after the windows over the step had been left out, it held the model at a cv2
-# of 2.1 down to 1.2 for 25 minutes.
+# check at 4.9 (most likely a scrape interval from before the step in its oldest segment;
+# not checked). Pooled at full weight after the windows over the step had been left out, it
+# held the model at a cv2 of 2.1 down to 1.2 for 25 minutes.
 OUTLIER = 3.0
 
 _KEYS = ("dispersion", "intervals", "at", "pods", "last")
