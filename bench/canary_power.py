@@ -31,8 +31,13 @@ from bench.tuning.scenario import Scenario, load
 from bench.tuning.truth import Truth
 from vllm_autotuner.core.arrival_pool import pooled
 from vllm_autotuner.core.canary import judge_canary
-from vllm_autotuner.core.decide import CANARY_WINDOW_FACTOR, _canary_min_requests, _own_capacity
-from vllm_autotuner.core.perf_model import AnalyticModel, Workload
+from vllm_autotuner.core.decide import (
+    CANARY_WINDOW_FACTOR,
+    _canary_min_requests,
+    _own_capacity,
+    _workload,
+)
+from vllm_autotuner.core.perf_model import AnalyticModel
 from vllm_autotuner.core.tuning_types import Knobs
 
 # Seeds of the pairs' worlds: the baseline's and the canary's, apart from each other and
@@ -110,9 +115,7 @@ def _pair(
     model = AnalyticModel(ctx.gpu_product)
     # The deployment's burstiness as the operator pools it: here, the baseline's window alone.
     pool = pooled({}, base, 0.0, policy.evaluation_window_s)
-    w = Workload.from_snapshot(base, policy.slo, policy.safety_margin)
-    if pool is not None:
-        w = dataclasses.replace(w, arrival_cv2=pool.cv2())
+    w = _workload(base, policy, policy.safety_margin, pool)
     prior = model.calibrate(base, base_knobs, ctx, w, None)
     cb, _ = _own_capacity(model, base, base_knobs, policy, ctx, prior, pool)
     cc, cautious = _own_capacity(model, can, cand, policy, ctx, prior, pool, True)
