@@ -561,6 +561,7 @@ def _target(
     pods: list[str],
     since: float | None,
     window_s: float,
+    pods_since: float | None = None,
 ) -> SnapshotTarget:
     return SnapshotTarget(
         namespace=NAMESPACE,
@@ -572,6 +573,7 @@ def _target(
         window_s=window_s,
         slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
         model_name=s.model,
+        pods_since=None if pods_since is None else EPOCH + timedelta(seconds=pods_since),
     )
 
 
@@ -596,7 +598,7 @@ def _observe(
     if not canary_running(state):
         pods, ready = world.ready_pods(applied)
         since = max((x for x in (ready, settled) if x is not None), default=None)
-        target = _target(s, policy, "bench", applied, pods, since, window)
+        target = _target(s, policy, "bench", applied, pods, since, window, ready)
         obs = Observation(snapshots([target])[target.key], world.pod_health(), scaling=scaling)
         return obs, pods, since
     assert state.candidate is not None
@@ -607,8 +609,8 @@ def _observe(
         fair = (state.analysis.since - EPOCH).total_seconds()
     known = [x for x in (s_since, c_since, fair, settled) if x is not None]
     since = max(known) if known else None
-    stable = _target(s, policy, "bench", applied, pods, since, window)
-    canary = _target(s, policy, "bench-canary", state.candidate, c_pods, since, window)
+    stable = _target(s, policy, "bench", applied, pods, since, window, s_since)
+    canary = _target(s, policy, "bench-canary", state.candidate, c_pods, since, window, c_since)
     snaps = snapshots([stable, canary])
     obs = Observation(
         snaps[stable.key], world.pod_health(), canary=snaps[canary.key], scaling=scaling

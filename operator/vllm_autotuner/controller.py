@@ -855,6 +855,7 @@ class Controller:
                 window_s=window_s,
                 slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
                 model_name=spec.served_model_name or spec.model,
+                pods_since=ready_since(pods, knobs),
             )
 
         # A window never reaches back over a settled change of the replica count.

@@ -403,7 +403,9 @@ class SnapshotTarget:
 
     `pods` are the ready pods of the current revision and `since` when the last of them became
     ready: the window never reaches back before it, so a snapshot never mixes revisions.
-    `slo` is (ttft, itl, e2e).
+    `slo` is (ttft, itl, e2e). `pods_since` is when the last of `pods` became ready, without
+    what else moves `since` (a settled replica count, a canary's fair window): the pods' age,
+    which tells how many long requests a young window could not have seen finish.
     """
 
     namespace: str
@@ -415,6 +417,7 @@ class SnapshotTarget:
     window_s: float
     slo: tuple[SLOTarget | None, SLOTarget | None, SLOTarget | None] = (None, None, None)
     model_name: str | None = None
+    pods_since: datetime | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -886,4 +889,5 @@ def assemble(
         kv_cache=kv,
         arrival_dispersion=dispersion,
         arrival_intervals=intervals,
+        pods_age_s=None if target.pods_since is None else (now - target.pods_since).total_seconds(),
     )

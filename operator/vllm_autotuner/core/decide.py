@@ -16,6 +16,7 @@ from vllm_autotuner.core.arrival_pool import ArrivalPool, pooled, stored_pool
 from vllm_autotuner.core.autoscaling import scale_wait
 from vllm_autotuner.core.calibration_mean import ParamMean, RobustGain, robust_gain, updated
 from vllm_autotuner.core.canary import cautious_slo, judge_canary, miss_share
+from vllm_autotuner.core.censoring import uncensored
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
 from vllm_autotuner.core.economics import (
     Headroom,
@@ -664,8 +665,10 @@ def _workload(
     snap: Snapshot, policy: TuningPolicy, margin: float, pool: ArrivalPool | None
 ) -> Workload:
     """The window's traffic, at the recent windows' pooled burstiness where there is one
-    (core/arrival_pool.py): one window's counts are too few to tell bursts from noise."""
-    w = Workload.from_snapshot(snap, policy.slo, margin)
+    (core/arrival_pool.py): one window's counts are too few to tell bursts from noise; with
+    the lengths and rate of its arrivals, not only of the requests that finished since its
+    pods started (core/censoring.py)."""
+    w = Workload.from_snapshot(uncensored(snap), policy.slo, margin)
     return w if pool is None else replace(w, arrival_cv2=pool.cv2())
 
 

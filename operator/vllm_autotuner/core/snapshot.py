@@ -176,6 +176,10 @@ class Snapshot:
     kv_cache: KVCacheInfo = field(default_factory=KVCacheInfo)
     arrival_dispersion: float | None = None
     arrival_intervals: int = 0
+    # Seconds the newest of the window's pods had been ready at the window's end (None when
+    # unknown): a window that starts with its pods counts short requests first
+    # (core/censoring.py).
+    pods_age_s: float | None = None
 
     @classmethod
     def unavailable(
