@@ -49,7 +49,8 @@ def uncensored(snap: Snapshot) -> Snapshot:
     e2e_ms = snap.e2e.mean_ms
     if age is None or e2e_ms is None or gen.mean is None or gen.mean <= 0 or not gen.buckets:
         return snap
-    lead = age - snap.window_s
+    window = min(snap.window_s, age)
+    lead = age - window
     per_token_s = e2e_ms / 1000.0 / gen.mean
     if e2e_ms / 1000.0 >= age:
         return snap
@@ -57,8 +58,7 @@ def uncensored(snap: Snapshot) -> Snapshot:
     if not counts or sum(n for _, n in counts) <= 0:
         return snap
     weights = [
-        _weight(_representative(lo, hi) * per_token_s, age, snap.window_s, lead)
-        for (lo, hi), _ in counts
+        _weight(_representative(lo, hi) * per_token_s, age, window, lead) for (lo, hi), _ in counts
     ]
     if all(w == 1.0 for w in weights):
         return snap

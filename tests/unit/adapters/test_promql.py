@@ -438,6 +438,24 @@ def test_two_deployments_from_one_shared_answer() -> None:
     assert d1.itl.p99_ms is None and d1.itl_attainment is None and d1.running_mean is None
 
 
+def test_the_snapshot_carries_its_pods_age() -> None:
+    """The pods' own age (not the window's clip, which a settled replica count or a canary's
+    fair window also moves): what core/censoring.py needs to correct a young window."""
+    outcomes = _shared_outcomes()
+    unknown = assemble(_target("ns1", "d1", ["a1", "a2"]), NOW, 300, outcomes)
+    assert unknown.pods_age_s is None
+    young = _target(
+        "ns1",
+        "d1",
+        ["a1", "a2"],
+        since=NOW - timedelta(seconds=90),
+        pods_since=NOW - timedelta(seconds=150),
+    )
+    snap = assemble(young, NOW, 90, outcomes)
+    assert snap.pods_age_s == pytest.approx(150.0)
+    assert snap.window_s == pytest.approx(90.0)
+
+
 def test_rate_scale_divides_rates_not_latencies() -> None:
     outcomes = _shared_outcomes()
     t = _target("ns1", "d1", ["a1", "a2"])

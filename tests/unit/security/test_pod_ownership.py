@@ -54,9 +54,14 @@ HOSTILE_OWNERS: dict[str, list[dict[str, Any]]] = {
 
 
 def _pod(
-    template: Mapping[str, Any], name: str, owners: list[dict[str, Any]], *, crash: bool
+    template: Mapping[str, Any],
+    name: str,
+    owners: list[dict[str, Any]],
+    *,
+    crash: bool,
+    ready_for: timedelta = timedelta(hours=1),
 ) -> dict[str, Any]:
-    ready_at = (datetime.now(tz=UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ready_at = (datetime.now(tz=UTC) - ready_for).strftime("%Y-%m-%dT%H:%M:%SZ")
     status: dict[str, Any] = {"name": "vllm", "ready": not crash, "restartCount": 0}
     if crash:
         status.update(restartCount=5, state={"waiting": {"reason": "CrashLoopBackOff"}})
@@ -143,6 +148,18 @@ def test_a_ready_pod_we_do_not_own_never_feeds_the_tuner(owners: list[dict[str, 
     _, targets = _run([mine, stranger])
     assert targets, "the controller asked for no observation"
     assert targets[-1].pods == ("llama-mine",)
+
+
+def test_the_pods_age_is_our_own_pods_not_a_strangers() -> None:
+    """The observation carries when our newest ready pod became ready (a young window's
+    correction rests on it, core/censoring.py); a fresher pod we do not own moves nothing."""
+    template = _our_deployment()["spec"]["template"]
+    mine = _pod(template, "llama-mine", [_ref("ReplicaSet", "rs-1")], crash=False)
+    stranger = _pod(template, "llama-stranger", [], crash=False, ready_for=timedelta(seconds=5))
+    _, targets = _run([mine, stranger])
+    assert targets and targets[-1].pods_since is not None
+    age = datetime.now(tz=UTC) - targets[-1].pods_since
+    assert timedelta(minutes=59) < age < timedelta(minutes=61), age
 
 
 def test_our_own_crash_looping_pod_still_degrades_the_deployment() -> None:
