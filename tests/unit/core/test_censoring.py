@@ -9,7 +9,8 @@
   requests.
 - Properties: the correction only ever lengthens the outputs and raises the rate, keeps the
   histogram cumulative, and never scales a bucket by more than MAX_WEIGHT.
-- decide() predicts from the corrected workload.
+- decide() predicts from the corrected workload, and with the SLO met proposes nothing
+  before the pods have filled one evaluation window.
 """
 
 from __future__ import annotations
@@ -191,3 +192,23 @@ def test_decide_predicts_from_the_corrected_workload() -> None:
     # The arrivals' outputs are longer than the finished requests': each takes longer, and a
     # pod serves fewer of them.
     assert fixed.capacity_rps < raw.capacity_rps
+
+
+def test_with_the_slo_met_a_change_waits_for_a_whole_window() -> None:
+    """A fresh revision's first minutes are thin evidence (and a fit on them jumped to another
+    basin in the benchmark): with the SLO met nothing is proposed before the pods have filled
+    one evaluation window; a violation still acts on the short window."""
+    from tests.unit.core.test_decide import KNOBS, make_policy, run, violating_snapshot
+    from vllm_autotuner.core.tuning_types import TuningState
+
+    policy = make_policy("Recommend")
+    state = TuningState.initial(KNOBS)
+    healthy = make_snapshot(rate=2.0)
+    young = run(state, replace(healthy, window_s=120.0, pods_age_s=120.0), policy)
+    assert young.action == "hold" and young.new_state.recommendation is None
+    assert "waits for a whole evaluation window of the pods: 120 of 300 s" in young.reason
+    assert young.prediction is not None and len(young.predictions) == 1
+    whole = run(state, replace(healthy, pods_age_s=600.0), policy)
+    assert "waits for a whole evaluation window" not in whole.reason
+    violated = run(state, replace(violating_snapshot(), window_s=120.0, pods_age_s=120.0), policy)
+    assert violated.action == "recommend", violated.reason
