@@ -1030,13 +1030,14 @@ def _best_at_mean(
 ) -> tuple[Knobs, Prediction, RobustGain] | None:
     """The best candidate of a search at the recent windows' mean fit, with its prediction
     at this window's fit and its robust gain, when it gains more than `best` under both fits
-    (the larger of the two smaller gains); None otherwise.
+    (the larger of the two smaller gains), and at least the policy's minGainPct; None
+    otherwise.
 
     The search runs at this window's fit, and the mean fit only lowers the gain of what it
     found; when the two fits disagree, the window's best can be the wrong one. On a held-out
     Mixtral-8x7B deployment one window's fit (compute efficiency 0.74 against the mean's
-    0.87) chose 320/256, whose truth is 0.78 of the best; the mean fit's search chose
-    384/256, the best itself. Runs only when the mean binds, so most decisions search once."""
+    0.87) chose 320/256, whose truth is 0.78 of the best, and the mean fit predicted 384/256
+    within 6 % of its truth. Runs only when the mean binds, so most decisions search once."""
     res = _conclude(state, policy, diag, model, workload, mean.calibration(cal), trusted)[0]
     other = res.best
     if other is None or other.same_as(best):
@@ -1046,7 +1047,8 @@ def _best_at_mean(
         model, state.applied, other, workload, cal, mean, policy.evaluation_window_s,
         current_rps, pred.capacity_rps,
     )  # fmt: skip
-    if gain.best_rps <= robust.best_rps:
+    enough = capacity_gain_pct(current_rps, gain.best_rps) >= policy.min_gain_pct
+    if not enough or gain.best_rps <= robust.best_rps:
         return None
     return other, pred, gain
 

@@ -3,6 +3,7 @@ of its gain and this window's."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from datetime import timedelta
@@ -242,9 +243,9 @@ def test_the_candidate_acted_on_gains_most_under_both_fits() -> None:
     assert first.new_state.recommendation is not None, first.reason
     window_best = first.new_state.recommendation.knobs
     switched = 0
-    for factor in (0.3, 0.5, 0.7, 1.5, 2.5):
+    for key, factor in itertools.product(("compute", "bandwidth"), (0.5, 0.85, 1.2, 2.5)):
         cal = dict(first.new_state.calibration)
-        cal.update(mean_compute=cal["compute"] * factor, mean_since=cal["mean_since"] - 3600.0)
+        cal.update({f"mean_{key}": cal[key] * factor, "mean_since": cal["mean_since"] - 3600.0})
         state = replace(TuningState.initial(KNOBS), calibration=cal)
         d = decide(state, obs, policy, CTX, NOW + timedelta(seconds=30), SharedModel())
         if d.new_state.recommendation is None:
@@ -261,7 +262,7 @@ def test_the_candidate_acted_on_gains_most_under_both_fits() -> None:
             model, KNOBS, window_best, w, fit, mean, WINDOW_S, current.capacity_rps,
             model.predict(window_best, w, fit).capacity_rps,
         )  # fmt: skip
-        assert acted.capacity_rps >= other.best_rps * (1 - 1e-9), (factor, chosen, window_best)
+        assert acted.capacity_rps >= other.best_rps * (1 - 1e-9), (key, factor, chosen)
         if not chosen.same_as(window_best):
             switched += 1
             assert "the most that both this window's fit and the recent windows' mean" in d.reason
