@@ -658,14 +658,6 @@ def _cannot(kv: float | None, why: str) -> Prediction:
 _LO = (math.log(0.2), math.log(0.2), 0.0, math.log(0.005))
 _HI = (math.log(5.0), math.log(5.0), 20.0, math.log(0.3))
 _PRIOR_JITTER = 0.05
-# The admission cost the fit starts from and its prior pulls towards, in ms. A step spends CPU
-# time on each request it admits (the scheduler allocates its blocks, the model runner adds
-# it to the batch), and a window far from capacity hardly sees it: at 2 req/s per pod each
-# admission lengthens one step in twenty. Fitted alone, a held-out Mixtral-8x7B deployment
-# (3 ms in its engine) read 0-0.6 ms, the old prior's zero, and put 448/256 at 6.0 req/s per
-# pod against a truth of 4.83. 2 ms is the median of what the public scenarios' engines
-# spend (1.5-4 ms, bench/scenarios `per_request_overhead_s`); the held-out ones check it.
-_PRIOR_ADMIT_MS = 2.0
 
 
 def _params(cal: Calibration) -> list[float]:
@@ -713,9 +705,9 @@ def _fit_centre(prior: Calibration | None, knobs: Knobs) -> Calibration | None:
 
 
 def _prior_terms(x: Sequence[float], centre: Sequence[float] | None = None) -> list[float]:
-    """Weak pulls towards the prior: the roofline's efficiencies, _PRIOR_ADMIT_MS of admission
-    cost, 5 % jitter, or the fit at the knobs before (`centre`, in `_params` units). They
-    decide only what the window cannot tell apart."""
+    """Weak pulls towards the prior: the roofline's efficiencies, no admission cost, 5 %
+    jitter, or the fit at the knobs before (`centre`, in `_params` units). They decide only
+    what the window cannot tell apart."""
     if centre is not None:
         w = _CENTRE_WEIGHT
         return [
@@ -727,7 +719,7 @@ def _prior_terms(x: Sequence[float], centre: Sequence[float] | None = None) -> l
     return [
         _PRIOR_WEIGHT * x[0],
         _PRIOR_WEIGHT * x[1],
-        0.2 * (x[2] - _PRIOR_ADMIT_MS) / 5.0,
+        0.2 * x[2] / 5.0,
         _PRIOR_WEIGHT * (x[3] - math.log(_PRIOR_JITTER)),
     ]
 
@@ -795,7 +787,7 @@ def _fit_step_times(problem: FitProblem) -> tuple[tuple[float, ...], float | Non
     """The fitted parameters (see _params) and the fit's |log| error on the mean ITL (None
     when the fit leaves the engine unstable at the window's load)."""
     residuals = partial(_residuals, problem)
-    start = _params(Calibration(admit_s=_PRIOR_ADMIT_MS / 1000.0))
+    start = _params(Calibration())
     x = tuple(_least_squares(residuals, start))
     y = tuple(_least_squares(residuals, _coarse_start(residuals, start)))
     if _sq(residuals(y)) < _sq(residuals(x)):
