@@ -1034,9 +1034,10 @@ def _best_at_mean(
     otherwise.
 
     The search runs at this window's fit, and the mean fit only lowers the gain of what it
-    found; when the two fits disagree, the window's best can be the wrong one. On a held-out
-    Mixtral-8x7B deployment one window's fit (compute efficiency 0.74 against the mean's
-    0.87) chose 320/256, whose truth is 0.78 of the best, and the mean fit predicted 384/256
+    found; when the two fits disagree, the window's best can be the wrong one. In a run of a
+    held-out Mixtral-8x7B deployment (with an admission-cost prior tried and reverted, see
+    docs/decisions.md) one window's fit (compute efficiency 0.74 against the mean's 0.87)
+    chose 320/256, whose truth is 0.78 of the best, while the mean fit predicted 384/256
     within 6 % of its truth. Runs only when the mean binds, so most decisions search once."""
     res = _conclude(state, policy, diag, model, workload, mean.calibration(cal), trusted)[0]
     other = res.best
