@@ -698,6 +698,17 @@ def _unusable(snap: Snapshot, knobs: Knobs, policy: TuningPolicy) -> str | None:
 # ---------------------------------------------------------------------------- steady state
 
 
+def _no_search(snap: Snapshot, policy: TuningPolicy, diag: Diagnosis) -> tuple[Phase, str] | None:
+    """The phase and the reason to hold without searching: idle traffic, or a young window
+    while the SLO is met (`_young_window`); None when the search should run."""
+    if diag.kind == "idle":
+        return "Idle", f"idle: {diag.evidence}"
+    young = _young_window(snap, policy, diag)
+    if young is not None:
+        return "Observing", f"{diag.kind}: {diag.evidence}; {young}"
+    return None
+
+
 # A window this much shorter than the evaluation window is a whole one (the adapter rounds a
 # clipped window down to its query grid).
 _WHOLE_WINDOW = 0.95
@@ -864,24 +875,14 @@ def _steady(
     if applied.same_as(state.last_good):
         s = replace(s, baseline=measure(snap, policy.slo, current.capacity_rps))
     seen: tuple[tuple[Knobs, Prediction], ...] = ((applied, current),)
-    if diag.kind == "idle":
+    early = _no_search(snap, policy, diag)
+    if early is not None:
+        phase, text = early
         return _done(
-            replace(s, phase="Idle", recommendation=None, headroom_wait_since=None),
+            replace(s, phase=phase, recommendation=None, headroom_wait_since=None),
             now,
             "hold",
-            f"idle: {diag.evidence}",
-            diagnosis=diag,
-            prediction=current,
-            predictions=seen,
-        )
-
-    young = _young_window(snap, policy, diag)
-    if young is not None:
-        return _done(
-            replace(s, phase="Observing", recommendation=None, headroom_wait_since=None),
-            now,
-            "hold",
-            f"{diag.kind}: {diag.evidence}; {young}",
+            text,
             diagnosis=diag,
             prediction=current,
             predictions=seen,
