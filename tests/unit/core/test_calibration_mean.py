@@ -250,7 +250,7 @@ def _switches(snap: Snapshot) -> int:
     assert first.new_state.recommendation is not None, first.reason
     window_best = first.new_state.recommendation.knobs
     switched = 0
-    for key, factor in itertools.product(("compute", "bandwidth"), (0.5, 0.7, 0.85, 1.5)):
+    for key, factor in itertools.product(("compute", "bandwidth"), (0.7, 0.85)):
         cal = dict(first.new_state.calibration)
         cal.update({f"mean_{key}": cal[key] * factor, "mean_since": cal["mean_since"] - 3600.0})
         state = replace(TuningState.initial(KNOBS), calibration=cal)
