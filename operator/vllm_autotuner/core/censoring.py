@@ -49,25 +49,23 @@ def uncensored(snap: Snapshot) -> Snapshot:
     e2e_ms = snap.e2e.mean_ms
     if age is None or e2e_ms is None or gen.mean is None or gen.mean <= 0 or not gen.buckets:
         return snap
+    if e2e_ms / 1000.0 >= age:  # younger than its own mean request: nothing to scale from
+        return snap
+    counts = _counts(gen.buckets)
+    seen = sum(n for _, n in counts)
+    if seen <= 0:
+        return snap
     window = min(snap.window_s, age)
     lead = age - window
     per_token_s = e2e_ms / 1000.0 / gen.mean
-    if e2e_ms / 1000.0 >= age:
-        return snap
-    counts = _counts(gen.buckets)
-    if not counts or sum(n for _, n in counts) <= 0:
-        return snap
-    weights = [
-        _weight(_representative(lo, hi) * per_token_s, age, window, lead) for (lo, hi), _ in counts
-    ]
+    mid = [_representative(lo, hi) for (lo, hi), _ in counts]
+    weights = [_weight(m * per_token_s, age, window, lead) for m in mid]
     if all(w == 1.0 for w in weights):
         return snap
-    seen = sum(n for _, n in counts)
     weighted = sum(n * w for (_, n), w in zip(counts, weights, strict=True))
-    mid = [_representative(lo, hi) for (lo, hi), _ in counts]
     mean_seen = sum(n * m for (_, n), m in zip(counts, mid, strict=True)) / seen
     mean_all = sum(n * m * w for (_, n), m, w in zip(counts, mid, weights, strict=True)) / weighted
-    ratio = mean_all / mean_seen if mean_seen > 0 else 1.0
+    ratio = mean_all / mean_seen  # every representative length is at least 1
     cumulative, total = [], 0.0
     for ((_, hi), n), w in zip(counts, weights, strict=True):
         total += n * w
@@ -90,7 +88,7 @@ def _weight(duration_s: float, age_s: float, window_s: float, lead_s: float) -> 
     if duration_s <= lead_s:
         return 1.0
     p = (age_s - duration_s) / window_s
-    return MAX_WEIGHT if p <= 1.0 / MAX_WEIGHT else min(MAX_WEIGHT, 1.0 / p)
+    return MAX_WEIGHT if p <= 1.0 / MAX_WEIGHT else 1.0 / p
 
 
 def _counts(
