@@ -561,7 +561,7 @@ def _target(
     pods: list[str],
     since: float | None,
     window_s: float,
-    pods_since: float | None = None,
+    pods_since: float | None,
 ) -> SnapshotTarget:
     return SnapshotTarget(
         namespace=NAMESPACE,

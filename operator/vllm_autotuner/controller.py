@@ -838,7 +838,10 @@ class Controller:
         )
 
         def target(
-            track_key: tuple[str, str], knobs: Knobs, since: datetime | None
+            track_key: tuple[str, str],
+            knobs: Knobs,
+            since: datetime | None,
+            pods_since: datetime | None,
         ) -> SnapshotTarget:
             ready = sorted(
                 str(h.name)
@@ -855,21 +858,22 @@ class Controller:
                 window_s=window_s,
                 slo=(policy.slo.ttft, policy.slo.itl, policy.slo.e2e),
                 model_name=spec.served_model_name or spec.model,
-                pods_since=ready_since(pods, knobs),
+                pods_since=pods_since,
             )
 
         # A window never reaches back over a settled change of the replica count.
         settled = scaling.settled_at if scaling is not None else None
-        since = _latest(ready_since(pods, topo.stable), settled)
+        stable_since = ready_since(pods, topo.stable)
+        since = _latest(stable_since, settled)
         if topo.canary is None:
             self.observer.forget(canary_key(key))
-            self.observer.want(target(key, topo.stable, since))
+            self.observer.want(target(key, topo.stable, since, stable_since))
             return
         canary_since = ready_since(pods, topo.canary)
         fair = state.analysis.since if state.analysis is not None else None
         both = _latest(since, canary_since, fair)
-        self.observer.want(target(key, topo.stable, both))
-        self.observer.want(target(canary_key(key), topo.canary, both))
+        self.observer.want(target(key, topo.stable, both, stable_since))
+        self.observer.want(target(canary_key(key), topo.canary, both, canary_since))
 
     def _resolve(
         self,
