@@ -127,14 +127,22 @@ def _same_fit(stored: Mapping[str, float], cal: Calibration) -> bool:
 
 @dataclass(frozen=True)
 class RobustGain:
-    """The candidate's capacity a decision acts on (`best_rps`, req/s per pod) and the gain
-    over the applied knobs the recent windows' mean predicts (`mean_ratio`, candidate /
-    applied; None: no mean that spans an evaluation window yet). `mean_binds` when the mean's
-    gain is the smaller, and so lowered `best_rps` from this window's prediction."""
+    """The candidate's capacity a decision acts on (`best_rps`, req/s per pod) and the gains
+    over the applied knobs (candidate / applied) that the recent windows' mean predicts
+    (`mean_ratio`; None: no mean that spans an evaluation window yet) and the window's fit at
+    the admission-cost bound (`bound_ratio`; None: the window rules it out). `mean_binds` or
+    `bound_binds` says which of them is the smallest gain and so lowered `best_rps` from this
+    window's prediction (at most one)."""
 
     best_rps: float
     mean_ratio: float | None
     mean_binds: bool
+    bound_ratio: float | None = None
+    bound_binds: bool = False
+
+    @property
+    def binds(self) -> bool:
+        return self.mean_binds or self.bound_binds
 
 
 def robust_gain(
@@ -148,20 +156,42 @@ def robust_gain(
     current_rps: float,
     best_rps: float,
 ) -> RobustGain:
-    """The candidate's capacity at the smaller of two gains over the applied knobs: this
-    window's fit's (`best_rps` / `current_rps`, already predicted) and the recent windows'
-    mean's, applied to `current_rps`. The mean counts once it spans at least one evaluation
-    window: before that it rests on the same few windows as the fit."""
-    if mean is None or mean.span_s() < window_s:
-        return RobustGain(best_rps, None, False)
-    at_mean = mean.calibration(cal)
-    now_m = model.predict(applied, workload, at_mean).capacity_rps
-    best_m = model.predict(best, workload, at_mean).capacity_rps
-    if now_m <= 0 or current_rps <= 0:
-        # No ratio to carry over: the mean's own word on whether the candidate serves at all.
-        mean_ratio = None if now_m <= 0 else best_m / now_m
-        low = best_rps if best_m > 0 else 0.0
-        return RobustGain(low, mean_ratio, low < best_rps)
-    mean_ratio = best_m / now_m
-    low = min(best_rps, current_rps * mean_ratio)
-    return RobustGain(low, mean_ratio, low < best_rps)
+    """The candidate's capacity at the smallest of three gains over the applied knobs: this
+    window's fit's (`best_rps` / `current_rps`, already predicted), the recent windows'
+    mean's and that of the window's fit at the admission-cost bound
+    (`Calibration.at_admission_bound`), each applied to `current_rps`. The mean counts once it
+    spans at least one evaluation window: before that it rests on the same few windows as the
+    fit."""
+    low_m, mean_ratio = best_rps, None
+    if mean is not None and mean.span_s() >= window_s:
+        low_m, mean_ratio = _under(model, applied, best, workload, mean.calibration(cal),
+                                   current_rps, best_rps)  # fmt: skip
+    low_b, bound_ratio = best_rps, None
+    at_bound = cal.at_admission_bound()
+    if at_bound is not None:
+        low_b, bound_ratio = _under(model, applied, best, workload, at_bound, current_rps,
+                                    best_rps)  # fmt: skip
+    low = min(low_m, low_b)
+    mean_binds = low_m < best_rps and low_m <= low_b
+    return RobustGain(low, mean_ratio, mean_binds, bound_ratio, low < best_rps and not mean_binds)
+
+
+def _under(
+    model: PerformanceModel,
+    applied: Knobs,
+    best: Knobs,
+    workload: Workload,
+    other: Calibration,
+    current_rps: float,
+    best_rps: float,
+) -> tuple[float, float | None]:
+    """The candidate's capacity by another calibration's gain (`current_rps` x its ratio, at
+    most `best_rps`), and that ratio (None when it predicts no capacity for the applied
+    knobs: then its own word on whether the candidate serves at all)."""
+    now_o = model.predict(applied, workload, other).capacity_rps
+    best_o = model.predict(best, workload, other).capacity_rps
+    if now_o <= 0 or current_rps <= 0:
+        ratio = None if now_o <= 0 else best_o / now_o
+        return (best_rps if best_o > 0 else 0.0), ratio
+    ratio = best_o / now_o
+    return min(best_rps, current_rps * ratio), ratio

@@ -9,6 +9,7 @@ here, in one place, so the property tests can hold decide() to the safety rules.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -28,6 +29,7 @@ from vllm_autotuner.core.economics import (
 from vllm_autotuner.core.evidence import evidence_of
 from vllm_autotuner.core.memory import ProvenMemory
 from vllm_autotuner.core.perf_model import (
+    ADMIT_BOUND_S,
     Calibration,
     PerformanceModel,
     Prediction,
@@ -45,7 +47,14 @@ from vllm_autotuner.core.rollout import (
     rollout_progress,
     worst_ratio,
 )
-from vllm_autotuner.core.search import SearchResult, allowed, capacity_gain_pct, search
+from vllm_autotuner.core.search import (
+    MNBT_GRAIN,
+    MNS_GRAIN,
+    SearchResult,
+    allowed,
+    capacity_gain_pct,
+    search,
+)
 from vllm_autotuner.core.search_memo import SearchInputs, SearchMemo
 from vllm_autotuner.core.snapshot import Observation, Snapshot, defect
 from vllm_autotuner.core.steady_state import shared_evaluations
@@ -906,28 +915,33 @@ def _steady(
             predictions=seen,
         )
     best, pred = res.best, res.prediction
+    judged = _judged_by(cal, diag)
     robust = robust_gain(
-        model, applied, best, workload, cal, mean, policy.evaluation_window_s,
+        model, applied, best, workload, judged, mean, policy.evaluation_window_s,
         current.capacity_rps, pred.capacity_rps,
     )  # fmt: skip
-    if robust.mean_binds and mean is not None:
-        other = _best_at_mean(
-            state, policy, diag, model, workload, cal, mean, current.capacity_rps, check.trusted,
-            best, robust,
+    binding = _binding_fit(robust, mean, judged)
+    if binding is not None:
+        fit = "mean" if robust.mean_binds else "bound"
+        found, memo = _other_best(state, policy, diag, model, workload, binding, check, memo, fit)
+        other = _best_at(
+            state, policy, model, workload, judged, mean, found, current.capacity_rps, best,
+            robust,
         )  # fmt: skip
         if other is not None:
             best, pred, robust = other
             summary = (
                 f"{diag.kind}: {diag.evidence}; {best.describe()}: predicted capacity "
                 f"{pred.capacity_rps:.2f} req/s/pod vs {current.capacity_rps:.2f} now, the "
-                f"most that both this window's fit and the recent windows' mean fit predict "
-                f"(this window's fit alone chose {res.best.describe()})"
+                f"most that this window's fit, the recent windows' mean fit and the fit at a "
+                f"{ADMIT_BOUND_S * 1000:.0f} ms admission cost all predict (this window's fit "
+                f"alone chose {res.best.describe()})"
             )
         pred = replace(pred, capacity_rps=robust.best_rps)
-        if robust.mean_binds:
-            summary = f"{summary}; {_mean_says(robust, mean, cal)}"
+        if robust.binds:
+            summary = f"{summary}; {_others_say(robust, mean, cal)}"
     seen = ((applied, current), (best, pred))
-    if robust.mean_binds and pred.capacity_rps <= current.capacity_rps:
+    if robust.binds and pred.capacity_rps <= current.capacity_rps:
         text = f"{summary}; not rolled out: no gain that holds at the recent windows' fit"
         s = replace(s, recommendation=None)
         return _hold_observing(s, now, text, diag, pred, memo, seen)
@@ -1016,57 +1030,163 @@ def _hold_observing(
     return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
 
 
-def _best_at_mean(
+def _judged_by(cal: Calibration, diag: Diagnosis) -> Calibration:
+    """The fits a candidate's gain must hold under: with the SLO met, the window's fit at the
+    admission-cost bound too (nothing is lost by waiting, and a change made on a wrong
+    prediction is a cost); with the SLO violated, not that one (every minute of waiting
+    costs, and the canary's paired verdict on a violation comes within minutes). Run on
+    every window (bench/tuning, nine scenarios), the bound lowered violated windows'
+    proposals where the engine spends less than the bound: tight-itl-8b-h100's first
+    proposal (its engine: 1.5 ms) to 20.1 req/s/pod against a truth of 32.0, and chat
+    no-surge's to 18.4 against 25.1; chat no-surge's canary started 4.5 minutes later and
+    its goodput went from 1.97x to 1.76x the defaults'."""
+    return cal.without_bound() if diag.violates_slo else cal
+
+
+def _binding_fit(
+    robust: RobustGain, mean: ParamMean | None, cal: Calibration
+) -> Calibration | None:
+    """The calibration whose gain bound the candidate's: the recent windows' mean's, or the
+    window's fit at the admission-cost bound; None when this window's own gain is the
+    smallest."""
+    if robust.mean_binds and mean is not None:
+        return mean.calibration(cal)
+    if robust.bound_binds:
+        return cal.at_admission_bound()
+    return None
+
+
+def _other_best(
     state: TuningState,
     policy: TuningPolicy,
     diag: Diagnosis,
     model: PerformanceModel,
     workload: Workload,
+    binding: Calibration,
+    check: ModelCheck,
+    memo: SearchMemo,
+    fit: str,
+) -> tuple[Knobs | None, SearchMemo]:
+    """The best of a search at the fit whose gain bound the candidate's (`binding`, named
+    `fit`), remembered in the memo beside the window's own search: a reconcile the memo
+    answers runs neither again."""
+    known, best = memo.other(fit)
+    if known:
+        return best, memo
+    best = _conclude(state, policy, diag, model, workload, binding, check.trusted)[0].best
+    return best, memo.with_other(fit, best)
+
+
+def _best_at(
+    state: TuningState,
+    policy: TuningPolicy,
+    model: PerformanceModel,
+    workload: Workload,
     cal: Calibration,
-    mean: ParamMean,
+    mean: ParamMean | None,
+    other: Knobs | None,
     current_rps: float,
-    trusted: bool,
     best: Knobs,
     robust: RobustGain,
 ) -> tuple[Knobs, Prediction, RobustGain] | None:
-    """The best candidate of a search at the recent windows' mean fit, with its prediction
-    at this window's fit and its robust gain, when it gains more than `best` under both fits
-    (the larger of the two smaller gains), and at least the policy's minGainPct; None
+    """Of `other` (the best of a search at the fit whose gain bound the candidate's,
+    `_other_best`) and the knobs between it and `best`, the one whose smallest gain under
+    every fit is the largest, with its prediction at this window's fit and its robust gain,
+    when that gain is more than `best`'s and at least the policy's minGainPct; None
     otherwise.
 
-    The search runs at this window's fit, and the mean fit only lowers the gain of what it
-    found; when the two fits disagree, the window's best can be the wrong one. In a run of a
-    held-out Mixtral-8x7B deployment (with an admission-cost prior tried and reverted, see
+    The search runs at this window's fit, and the other fits only lower the gain of what it
+    found; when they disagree, the window's best can be the wrong one. In a run of a held-out
+    Mixtral-8x7B deployment (with an admission-cost prior tried and reverted, see
     docs/decisions.md) one window's fit (compute efficiency 0.74 against the mean's 0.87)
     chose 320/256, whose truth is 0.78 of the best, while the mean fit predicted 384/256
-    within 6 % of its truth. Runs only when the mean binds, so most decisions search once."""
-    res = _conclude(state, policy, diag, model, workload, mean.calibration(cal), trusted)[0]
-    other = res.best
+    within 6 % of its truth. Runs only when another fit binds, so most decisions search
+    once."""
     if other is None or other.same_as(best):
         return None
-    pred = model.predict(other, workload, cal)
-    gain = robust_gain(
-        model, state.applied, other, workload, cal, mean, policy.evaluation_window_s,
-        current_rps, pred.capacity_rps,
-    )  # fmt: skip
-    enough = capacity_gain_pct(current_rps, gain.best_rps) >= policy.min_gain_pct
-    if not enough or gain.best_rps <= robust.best_rps:
+    found: tuple[Knobs, Prediction, RobustGain] | None = None
+    for k in (other, *_between(best, other, state, policy)):
+        pred = model.predict(k, workload, cal)
+        gain = robust_gain(
+            model, state.applied, k, workload, cal, mean, policy.evaluation_window_s,
+            current_rps, pred.capacity_rps,
+        )  # fmt: skip
+        if found is None or gain.best_rps > found[2].best_rps:
+            found = (k, pred, gain)
+    assert found is not None
+    enough = capacity_gain_pct(current_rps, found[2].best_rps) >= policy.min_gain_pct
+    if not enough or found[2].best_rps <= robust.best_rps:
         return None
-    return other, pred, gain
+    return found
 
 
-def _mean_says(robust: RobustGain, mean: ParamMean, cal: Calibration) -> str:
-    """Why the candidate's gain is the recent windows' mean fit's (`calibration_mean`), not
-    this window's: one window's fit can sit on a cliff the recent ones do not (a 70B
-    deployment's 512/512 was predicted +19 % from one window, -47 % from the mean of the ones
-    before it, and -44 % by the truth)."""
-    ratio = "" if robust.mean_ratio is None else f" ({100.0 * (robust.mean_ratio - 1.0):+.1f}%)"
-    return (
-        f"the mean fit of the last {mean.span_s() / 60:.0f} min (compute "
-        f"{mean.compute:.2f}, bandwidth {mean.bandwidth:.2f} against this window's "
-        f"{cal.compute:.2f}, {cal.bandwidth:.2f}) predicts a smaller gain{ratio}: "
-        f"{robust.best_rps:.2f} req/s/pod"
-    )
+# Where between the two fits' bests `_best_at` also looks: the most that every fit predicts
+# is often between them, on the near side of the cliff one fit sees and the other does not
+# (held-out Mixtral-8x7B: the window's fit chose 448 tokens, the fit at the admission-cost
+# bound 320; the truth serves 384 best, 10 % above 448 and 28 % above 320).
+_BETWEEN = (0.25, 0.5, 0.75)
+
+
+def _between(a: Knobs, b: Knobs, state: TuningState, policy: TuningPolicy) -> list[Knobs]:
+    """Knobs between `a` and `b` (token budgets and sequences on a log scale, memory on a
+    linear one), rounded to the search's grains, that one rollout may reach."""
+
+    def at(f: float) -> Knobs:
+        return Knobs(
+            max_num_batched_tokens=_log_between(
+                a.max_num_batched_tokens, b.max_num_batched_tokens, f, MNBT_GRAIN
+            ),
+            max_num_seqs=_log_between(a.max_num_seqs, b.max_num_seqs, f, MNS_GRAIN),
+            gpu_memory_utilization=round(
+                a.gpu_memory_utilization
+                + f * (b.gpu_memory_utilization - a.gpu_memory_utilization),
+                2,
+            ),
+        )
+
+    out: list[Knobs] = []
+    for k in (at(f) for f in _BETWEEN):
+        if k.same_as(a) or k.same_as(b) or any(k.same_as(o) for o in out):
+            continue
+        why = allowed(
+            k, state.applied, policy.bounds, state.memory(), policy.gmu_rise_step, state.infeasible
+        )
+        if why is None:
+            out.append(k)
+    return out
+
+
+def _log_between(a: int, b: int, f: float, grain: int) -> int:
+    if a == b:
+        return a
+    v = math.exp(math.log(a) + f * (math.log(b) - math.log(a)))
+    return max(grain, round(v / grain) * grain)
+
+
+def _others_say(robust: RobustGain, mean: ParamMean | None, cal: Calibration) -> str:
+    """Why the candidate's gain is another fit's, not this window's: the recent windows' mean
+    fit (`calibration_mean`; one window's fit can sit on a cliff the recent ones do not: a
+    70B deployment's 512/512 was predicted +19 % from one window, -47 % from the mean of the
+    ones before it, and -44 % by the truth), or the fit at the admission-cost bound, which the
+    window cannot rule out (`perf_model.ADMIT_BOUND_S`)."""
+    if robust.mean_binds and mean is not None:
+        ratio = robust.mean_ratio
+        who = (
+            f"the mean fit of the last {mean.span_s() / 60:.0f} min (compute "
+            f"{mean.compute:.2f}, bandwidth {mean.bandwidth:.2f} against this window's "
+            f"{cal.compute:.2f}, {cal.bandwidth:.2f})"
+        )
+    else:
+        ratio = robust.bound_ratio
+        at = cal.at_admission_bound() or cal
+        who = (
+            f"the fit at a {ADMIT_BOUND_S * 1000:.0f} ms admission cost per request, which this "
+            f"window cannot rule out (compute {at.compute:.2f}, bandwidth {at.bandwidth:.2f} "
+            f"against this window's {cal.compute:.2f}, {cal.bandwidth:.2f} at "
+            f"{cal.admit_s * 1000:.1f} ms)"
+        )
+    pct = "" if ratio is None else f" ({100.0 * (ratio - 1.0):+.1f}%)"
+    return f"{who} predicts a smaller gain{pct}: {robust.best_rps:.2f} req/s/pod"
 
 
 def _canary_cannot_credit(

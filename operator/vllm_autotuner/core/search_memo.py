@@ -16,7 +16,7 @@ window. Anything else is new evidence and runs the search again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from vllm_autotuner.core.diagnosis import Diagnosis, Directions
@@ -91,6 +91,19 @@ class SearchMemo:
     calibration: Calibration
     result: SearchResult
     conclusion: str
+    # The best of the search run again at another fit whose gain bound the candidate's
+    # (decide._best_at), per fit ("mean", "bound"); None: that search found none.
+    others: tuple[tuple[str, Knobs | None], ...] = ()
+
+    def other(self, fit: str) -> tuple[bool, Knobs | None]:
+        """(whether the search at `fit` is remembered, its best)."""
+        for name, best in self.others:
+            if name == fit:
+                return True, best
+        return False, None
+
+    def with_other(self, fit: str, best: Knobs | None) -> SearchMemo:
+        return replace(self, others=(*self.others, (fit, best)))
 
     def answers(
         self,

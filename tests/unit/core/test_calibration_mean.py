@@ -140,8 +140,17 @@ def _calibrated() -> tuple[SharedModel, Workload, Calibration, float, float, Kno
     return model, w, cal, now_rps, best_rps, best
 
 
+class MeanOnly(SharedModel):
+    """The model without the fit at the admission-cost bound: the mean fit alone against
+    this window's (the bound has its own tests below)."""
+
+    def calibrate(self, *args: Any, **kwargs: Any) -> Calibration:
+        return super().calibrate(*args, **kwargs).without_bound()
+
+
 def test_the_smaller_gain_is_the_one_acted_on() -> None:
     model, w, cal, now_rps, best_rps, best = _calibrated()
+    cal = cal.without_bound()
     same = ParamMean.start(cal, T0 - 2 * WINDOW_S)
     same = replace(same, at=T0)
     g = robust_gain(model, KNOBS, best, w, cal, same, WINDOW_S, now_rps, best_rps)
@@ -199,11 +208,16 @@ def test_the_gain_acted_on_is_never_more_than_either_fit_predicts(
     )
     g = robust_gain(model, KNOBS, best, w, cal, mean, WINDOW_S, now_rps, best_rps)
     assert g.best_rps <= best_rps
-    assert g.mean_binds == (g.best_rps < best_rps)
+    assert g.binds == (g.best_rps < best_rps)
+    assert not (g.mean_binds and g.bound_binds)
     if span < 1.0:
-        assert g.mean_ratio is None and g.best_rps == best_rps
+        assert g.mean_ratio is None and not g.mean_binds
     elif g.mean_ratio is not None:
         assert g.best_rps <= now_rps * g.mean_ratio * (1 + 1e-12)
+    if g.bound_ratio is not None:
+        assert g.best_rps <= now_rps * g.bound_ratio * (1 + 1e-12)
+    if cal.at_admission_bound() is None:
+        assert not g.bound_binds and g.bound_ratio is None
 
 
 @pytest.mark.parametrize("rate", [0.05, 4.0, 40.0])
@@ -246,7 +260,7 @@ def test_the_candidate_acted_on_gains_most_under_both_fits() -> None:
 
 def _switches(snap: Snapshot) -> int:
     obs, policy = Observation(snap, ready_pods(KNOBS)), make_policy("Recommend")
-    first = decide(TuningState.initial(KNOBS), obs, policy, CTX, NOW, SharedModel())
+    first = decide(TuningState.initial(KNOBS), obs, policy, CTX, NOW, MeanOnly())
     assert first.new_state.recommendation is not None, first.reason
     window_best = first.new_state.recommendation.knobs
     switched = 0
@@ -254,7 +268,7 @@ def _switches(snap: Snapshot) -> int:
         cal = dict(first.new_state.calibration)
         cal.update({f"mean_{key}": cal[key] * factor, "mean_since": cal["mean_since"] - 3600.0})
         state = replace(TuningState.initial(KNOBS), calibration=cal)
-        d = decide(state, obs, policy, CTX, NOW + timedelta(seconds=30), SharedModel())
+        d = decide(state, obs, policy, CTX, NOW + timedelta(seconds=30), MeanOnly())
         if d.new_state.recommendation is None:
             continue
         (_, current), (chosen, acted) = d.predictions
@@ -264,7 +278,7 @@ def _switches(snap: Snapshot) -> int:
         mean = ParamMean.from_dict(d.new_state.calibration)
         assert mean is not None
         w = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
-        model = SharedModel()
+        model = MeanOnly()
         other = robust_gain(
             model, KNOBS, window_best, w, fit, mean, WINDOW_S, current.capacity_rps,
             model.predict(window_best, w, fit).capacity_rps,
@@ -272,6 +286,7 @@ def _switches(snap: Snapshot) -> int:
         assert acted.capacity_rps >= other.best_rps * (1 - 1e-9), (key, factor, chosen)
         if not chosen.same_as(window_best):
             switched += 1
-            assert "the most that both this window's fit and the recent windows' mean" in d.reason
+            assert "the most that this window's fit, the recent windows' mean fit" in d.reason
+            assert "admission cost per request" not in d.reason
             assert f"this window's fit alone chose {window_best.describe()}" in d.reason
     return switched
