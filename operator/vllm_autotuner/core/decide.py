@@ -933,9 +933,8 @@ def _steady(
             summary = (
                 f"{diag.kind}: {diag.evidence}; {best.describe()}: predicted capacity "
                 f"{pred.capacity_rps:.2f} req/s/pod vs {current.capacity_rps:.2f} now, the "
-                f"most that this window's fit, the recent windows' mean fit and the fit at a "
-                f"{ADMIT_BOUND_S * 1000:.0f} ms admission cost all predict (this window's fit "
-                f"alone chose {res.best.describe()})"
+                f"most that {_fits_named(robust)} (this window's fit alone chose "
+                f"{res.best.describe()})"
             )
         pred = replace(pred, capacity_rps=robust.best_rps)
         if robust.binds:
@@ -1028,6 +1027,20 @@ def _hold_observing(
     is violated, `_wait`)."""
     held = replace(s, phase="Observing", headroom_wait_since=_wait(s, diag))
     return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
+
+
+def _fits_named(robust: RobustGain) -> str:
+    """The fits a robust gain was judged under, as a reason names them."""
+    names = ["this window's fit"]
+    if robust.mean_ratio is not None:
+        names.append("the recent windows' mean fit")
+    if robust.bound_ratio is not None:
+        names.append(f"the fit at a {ADMIT_BOUND_S * 1000:.0f} ms admission cost")
+    if len(names) == 1:
+        return f"{names[0]} predicts"
+    if len(names) == 2:
+        return f"both {names[0]} and {names[1]} predict"
+    return ", ".join(names[:-1]) + f" and {names[-1]} all predict"
 
 
 def _judged_by(cal: Calibration, diag: Diagnosis) -> Calibration:

@@ -286,7 +286,7 @@ def _switches(snap: Snapshot) -> int:
         assert acted.capacity_rps >= other.best_rps * (1 - 1e-9), (key, factor, chosen)
         if not chosen.same_as(window_best):
             switched += 1
-            assert "the most that this window's fit, the recent windows' mean fit" in d.reason
+            assert "the most that both this window's fit and the recent windows' mean" in d.reason
             assert "admission cost per request" not in d.reason
             assert f"this window's fit alone chose {window_best.describe()}" in d.reason
     return switched
