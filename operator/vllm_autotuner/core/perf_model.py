@@ -900,9 +900,8 @@ def _fit_at_admission(problem: FitProblem, x: tuple[float, ...]) -> tuple[float,
     free = (0, 1, 3)
     starts = ([x[0], x[1], bound_ms, x[3]], [*_params(Calibration())[:2], bound_ms, x[3]])
     fits = [_least_squares(residuals, start, free) for start in starts]
-    y = min(fits, key=lambda v: _sq(residuals(v)))
+    terms, y = min(((residuals(v), v) for v in fits), key=lambda tv: _sq(tv[0]))
     ratio, slack = _BOUND_TOLERANCE
-    terms = residuals(y)
     data = len(terms) - _PRIOR_TERMS
     if _sq(terms[:data]) > ratio * _sq(residuals(x)[:data]) + slack:
         return None
