@@ -922,8 +922,8 @@ def _steady(
     )  # fmt: skip
     binding = _binding_fit(robust, mean, judged)
     if binding is not None:
-        fit = "mean" if robust.mean_binds else "bound"
-        found, memo = _other_best(state, policy, diag, model, workload, binding, check, memo, fit)
+        fit, at = binding
+        found, memo = _other_best(state, policy, diag, model, workload, at, check, memo, fit)
         other = _best_at(
             state, policy, model, workload, judged, mean, found, current.capacity_rps, best,
             robust,
@@ -1058,15 +1058,14 @@ def _judged_by(cal: Calibration, diag: Diagnosis) -> Calibration:
 
 def _binding_fit(
     robust: RobustGain, mean: ParamMean | None, cal: Calibration
-) -> Calibration | None:
-    """The calibration whose gain bound the candidate's: the recent windows' mean's, or the
-    window's fit at the admission-cost bound; None when this window's own gain is the
-    smallest."""
+) -> tuple[str, Calibration] | None:
+    """The fit whose gain bound the candidate's, by name and calibration: the recent
+    windows' mean ("mean"), or the window's fit at the admission-cost bound ("bound"); None
+    when this window's own gain is the smallest."""
     if robust.mean_binds and mean is not None:
-        return mean.calibration(cal)
-    if robust.bound_binds:
-        return cal.at_admission_bound()
-    return None
+        return "mean", mean.calibration(cal)
+    at = cal.at_admission_bound() if robust.bound_binds else None
+    return None if at is None else ("bound", at)
 
 
 def _other_best(
