@@ -941,7 +941,12 @@ def _steady(
             summary = f"{summary}; {_others_say(robust, mean, cal)}"
     seen = ((applied, current), (best, pred))
     if robust.binds and pred.capacity_rps <= current.capacity_rps:
-        text = f"{summary}; not rolled out: no gain that holds at the recent windows' fit"
+        holder = (
+            "the recent windows' fit"
+            if robust.mean_binds
+            else f"the fit at a {ADMIT_BOUND_S * 1000:.0f} ms admission cost"
+        )
+        text = f"{summary}; not rolled out: no gain that holds at {holder}"
         s = replace(s, recommendation=None)
         return _hold_observing(s, now, text, diag, pred, memo, seen)
     previous = state.recommendation
