@@ -14,16 +14,18 @@ change (fits at other knobs carry other biases of the model) and is kept in the 
 calibration mapping beside the fit itself, so it never becomes part of a Calibration, and
 never a key of the prediction or search memos.
 
-`robust_gain` is what decide() does with it: a change must be predicted to gain both from this
-window's fit and from the recent windows' mean. The smaller of the two gains is the one it
-acts on. Pure: no I/O.
+`robust_gain` is what decide() does with it: a change must be predicted to gain from this
+window's fit, from the recent windows' mean and, when decide() passes a calibration that
+carries one, from the window's fit at the admission-cost bound
+(`Calibration.at_admission_bound`). The smallest of the gains is the one it acts on. Pure:
+no I/O.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from vllm_autotuner.core.perf_model import Calibration, PerformanceModel, Workload
 from vllm_autotuner.core.tuning_types import Knobs
@@ -75,13 +77,7 @@ class ParamMean:
 
     def calibration(self, cal: Calibration) -> Calibration:
         """`cal` with the mean's step-time parameters (its KV, traffic and API fits kept)."""
-        return replace(
-            cal,
-            bandwidth=self.bandwidth,
-            compute=self.compute,
-            admit_s=self.admit_s,
-            jitter=self.jitter,
-        )
+        return cal.with_step_times(self.bandwidth, self.compute, self.admit_s, self.jitter)
 
 
 def updated(

@@ -197,14 +197,18 @@ class Calibration:
         when there is none): a decision must hold under both (decide's robust gain)."""
         if self.bound_bandwidth is None or self.bound_compute is None or self.bound_jitter is None:
             return None
-        return replace(
-            self,
-            bandwidth=self.bound_bandwidth,
-            compute=self.bound_compute,
-            admit_s=ADMIT_BOUND_S,
-            jitter=self.bound_jitter,
-            api_s=self.api_s if self.bound_api_s is None else self.bound_api_s,
-        ).without_bound()
+        at = self.with_step_times(
+            self.bound_bandwidth, self.bound_compute, ADMIT_BOUND_S, self.bound_jitter
+        )
+        api_s = self.api_s if self.bound_api_s is None else self.bound_api_s
+        return replace(at, api_s=api_s).without_bound()
+
+    def with_step_times(
+        self, bandwidth: float, compute: float, admit_s: float, jitter: float
+    ) -> Calibration:
+        """This calibration with other step-time parameters (its KV, traffic and API fits
+        kept)."""
+        return replace(self, bandwidth=bandwidth, compute=compute, admit_s=admit_s, jitter=jitter)
 
     def without_bound(self) -> Calibration:
         """This calibration without the fit at the admission-cost bound."""
@@ -724,13 +728,7 @@ def _params(cal: Calibration) -> list[float]:
 
 
 def _with_params(cal: Calibration, x: Sequence[float]) -> Calibration:
-    return replace(
-        cal,
-        bandwidth=math.exp(x[0]),
-        compute=math.exp(x[1]),
-        admit_s=x[2] / 1000.0,
-        jitter=math.exp(x[3]),
-    )
+    return cal.with_step_times(math.exp(x[0]), math.exp(x[1]), x[2] / 1000.0, math.exp(x[3]))
 
 
 # Pull towards the fit at the knobs before (log efficiencies and jitter, and the admission
