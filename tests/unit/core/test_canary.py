@@ -293,7 +293,9 @@ def _at(w: Snapshot, p95_ms: float) -> Snapshot:
 def test_a_canary_measured_further_over_a_target_is_not_promoted_on_credit(
     p95_base: float, p95_can: float, verdict: str
 ) -> None:
-    base, can = _at(window(2000, 0.04), p95_base), _at(window(1000, 0.04), p95_can)
+    """Both windows miss 8 % of gaps over the 50 ms bound (the buckets confirm a p95 miss
+    wherever a percentile over the threshold is shown)."""
+    base, can = _at(window(2000, 0.08), p95_base), _at(window(1000, 0.08), p95_can)
     j = judge_canary(base, can, SLO_ITL, MIN_REQUESTS, 2.01, 2.15, 5.0, True)
     assert j.verdict == verdict, j.reason
     if verdict == "Reject":
@@ -308,10 +310,26 @@ def test_a_canary_measured_further_over_a_target_is_not_promoted_on_credit(
 def test_no_promotion_on_credit_for_a_canary_measured_further_over_the_threshold(
     p95_b: float, p95_c: float, caps: tuple[float, float]
 ) -> None:
-    base, can = _at(window(2000, 0.03), p95_b), _at(window(1000, 0.03), p95_c)
+    base, can = _at(window(2000, 0.08), p95_b), _at(window(1000, 0.08), p95_c)
     verdict = judge(base, can, True, caps)
     if p95_c > THRESHOLD and p95_c > p95_b:
         assert verdict == "Reject"
+
+
+@given(p95_c=st.floats(THRESHOLD + 0.1, 99.0), miss=st.floats(0.0, 0.04))
+def test_a_percentile_interpolated_over_the_threshold_is_no_measured_miss(
+    p95_c: float, miss: float
+) -> None:
+    """The threshold inside the 25-100 ms bucket: the canary's p95 reads over it, higher than
+    the baseline's, but its buckets leave its share over the threshold at 5 % or less, so
+    they do not confirm a miss, and the model's +7.5 % credit stands."""
+    base = _at(window(2000, 0.02, spread=0.01), 40.0)
+    can = _at(window(1000, miss, spread=min(miss, 0.01)), p95_c)
+    c = misses(can, "itl", TARGET)
+    assert c is not None and not c.misses_slo(TARGET)
+    j = judge_canary(base, can, SLO_ITL, MIN_REQUESTS, 2.0, 2.15, 5.0, True)
+    assert j.verdict == "Promote", j.reason
+    assert "the canary measured" not in j.reason
 
 
 # ------------------------------------------------------------- the canary window's own noise

@@ -8,7 +8,7 @@ vLLM's), and read back as the Prometheus adapter reads them (histogram_quantile)
 - issue 19's phantom: a 40 ms threshold inside the 25-50 ms bucket, true p99 33 ms,
   interpolated 43 ms, is not a violation;
 - decide() adds a violation the histogram cannot confirm only when a trusted model predicts
-  it at the measured load;
+  it at the measured load, from the window's fit and from the recent windows' mean fit;
 - a before/after verdict never keeps a candidate whose window confirms a violation unless
   the previous knobs would miss the SLO by more at the same load.
 """
@@ -23,10 +23,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.unit.core.shared_model import SharedModel
 from tests.unit.core.test_decide import KNOBS, make_policy, make_snapshot
-from vllm_autotuner.core.decide import _with_model_violations
+from vllm_autotuner.core.calibration_mean import ParamMean
+from vllm_autotuner.core.decide import _mean_prediction, _with_model_violations
 from vllm_autotuner.core.diagnosis import Diagnosis, slo_violations
-from vllm_autotuner.core.perf_model import Prediction
+from vllm_autotuner.core.perf_model import Calibration, Prediction, Workload
 from vllm_autotuner.core.rollout import REGRESSION_TOLERANCE, judge_before_after, worst_ratio
 from vllm_autotuner.core.snapshot import LatencySummary, Snapshot, histogram_quantile
 from vllm_autotuner.core.tuning_types import SLO, ModelCheck, SLOTarget
@@ -143,7 +145,7 @@ def test_a_violation_the_buckets_cannot_confirm_counts_only_from_a_trusted_model
     diag: Diagnosis, check: ModelCheck, itl_ms: float, added: bool
 ) -> None:
     policy = make_policy()
-    out = _with_model_violations(diag, check, _prediction(itl_ms), policy)
+    out = _with_model_violations(diag, check, _prediction(itl_ms), policy, lambda: None)
     assert out.violates_slo == added
     if added:
         assert out.violations == (("itl", itl_ms, 50.0),)
@@ -156,8 +158,39 @@ def test_a_confirmed_violation_is_kept_as_measured() -> None:
     measured = Diagnosis(
         "decode_latency_bound", "ITL p95 80 ms > 50 ms", violations=(("itl", 80.0, 50.0),)
     )
-    out = _with_model_violations(measured, _check(0.01, True), _prediction(10.0), make_policy())
+    out = _with_model_violations(
+        measured, _check(0.01, True), _prediction(10.0), make_policy(), lambda: None
+    )
     assert out == measured
+
+
+@pytest.mark.parametrize(("mean_itl_ms", "added"), [(70.0, True), (50.0, False), (40.0, False)])
+def test_a_model_violation_needs_the_recent_windows_mean_fit_too(
+    mean_itl_ms: float, added: bool
+) -> None:
+    """The window's fit puts ITL at 60 ms > 50 ms; it counts only when the mean fit's
+    prediction for the same knobs and load is over the threshold as well."""
+    healthy = Diagnosis("healthy", "SLO met")
+    out = _with_model_violations(
+        healthy, _check(0.01, True), _prediction(60.0), make_policy(),
+        lambda: _prediction(mean_itl_ms),
+    )  # fmt: skip
+    assert out.violates_slo == added
+    assert out == healthy or out.violations == (("itl", 60.0, 50.0),)
+
+
+def test_the_mean_fit_is_asked_only_for_a_predicted_violation() -> None:
+    asked: list[bool] = []
+
+    def mean() -> Prediction:
+        asked.append(True)
+        return _prediction(70.0)
+
+    healthy = Diagnosis("healthy", "SLO met")
+    out = _with_model_violations(
+        healthy, _check(0.01, True), _prediction(45.0), make_policy(), mean
+    )
+    assert out == healthy and asked == []
 
 
 # --------------------------------------------------------------------- before/after verdict
@@ -191,3 +224,22 @@ def test_before_after_never_keeps_a_confirmed_violation_the_baseline_would_not_b
     else:
         assert v.keep == ((cap_c / cap_b - 1.0) * 100.0 >= min_gain / 2.0), v.reason
     assert any(ch.isdigit() for ch in v.reason)
+
+
+@pytest.mark.parametrize(("span_windows", "asked"), [(0.5, False), (1.0, True), (3.0, True)])
+def test_the_mean_fit_speaks_once_it_spans_a_window(span_windows: float, asked: bool) -> None:
+    """Before the mean spans an evaluation window it rests on the window's own fit: no second
+    word (as in robust_gain). After, its prediction is the model's at the mean's parameters."""
+    policy = make_policy()
+    snap = make_snapshot(KNOBS, rate=4.0)
+    workload = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
+    model = SharedModel()
+    cal = Calibration(bandwidth=0.8, compute=0.7, fitted=True)
+    span = span_windows * policy.evaluation_window_s
+    mean = ParamMean(1.3, 1.2, 0.001, 0.04, at=1000.0 + span, since=1000.0)
+    out = _mean_prediction(model, KNOBS, workload, cal, mean, policy)
+    assert (out is not None) == asked
+    if out is not None:
+        assert out == model.predict(KNOBS, workload, mean.calibration(cal))
+        assert out != model.predict(KNOBS, workload, cal)
+    assert _mean_prediction(model, KNOBS, workload, cal, None, policy) is None
