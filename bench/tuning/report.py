@@ -36,10 +36,11 @@ def _pct(x: float | None) -> str:
 def table(results: Sequence[dict[str, Any]]) -> str:
     head = (
         "| scenario | method | final mnbt/mns/gmu | capacity ÷ oracle | goodput req/s | "
-        "goodput ÷ defaults | trials | tuning min | SLO-violation min Prometheus/exact | "
+        "goodput ÷ defaults | GPU-hours (÷ defaults) | trials | tuning min | "
+        "SLO-violation min Prometheus/exact | "
         "rollbacks | crashes trials/live | crash standing | failed req | "
         "failed by tuning (% arrivals; late) | unfinished at the horizon (late) |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n"
     )
     rows = []
     for r in results:
@@ -47,7 +48,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         grid = oracle.get("grid_size", "")
         rows.append(
             f"| {r['scenario']} | oracle | {_knobs(oracle['knobs'])} | 1.000 "
-            f"(= {oracle['capacity']:.2f} req/s/replica) | | | {grid} (grid) | | | | | | | | |"
+            f"(= {oracle['capacity']:.2f} req/s/replica) | | | | {grid} (grid) | | | | | | | | |"
         )
         for name, v in r["methods"].items():
             ratio = "n/a" if v["ratio"] is None else f"{v['ratio']:.3f}"
@@ -55,7 +56,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             rows.append(
                 f"| {r['scenario']} | {name} | {_knobs(v['final'])} | {ratio} | "
                 f"{v['goodput']:.2f} | {'n/a' if vs is None else f'{vs:.3f}'} | "
-                f"{v['trials']} | {v['tuning_minutes']:.0f} | "
+                f"{_gpu_hours(v)} | {v['trials']} | {v['tuning_minutes']:.0f} | "
                 f"{v['violation_minutes']}/{v['violation_minutes_exact']} | {v['rollbacks']} | "
                 f"{v['trial_crashes']}/{v['live_crashes']} | "
                 f"{'yes' if v['crash_left_standing'] else 'no'} | {v['failed_requests']} | "
@@ -64,6 +65,15 @@ def table(results: Sequence[dict[str, Any]]) -> str:
                 f"{v.get('unfinished', 0)} ({v.get('unfinished_late', 0)}) |"
             )
     return head + "\n".join(rows) + "\n"
+
+
+def _gpu_hours(v: dict[str, Any]) -> str:
+    """The live deployment's GPU-hours and their ratio to the defaults': a canary or a surge
+    pod is a GPU its users pay for, whatever it does to the violation minutes."""
+    hours, vs = v.get("gpu_hours"), v.get("gpu_hours_vs_defaults")
+    if hours is None:
+        return "n/a"
+    return f"{hours:.2f} ({'n/a' if vs is None else f'{vs:.3f}'})"
 
 
 def _errors(points: Sequence[dict[str, Any]]) -> list[float]:

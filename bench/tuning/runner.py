@@ -47,6 +47,7 @@ class Live:
     crashes: int
     replacements: int
     crash_left_standing: bool
+    gpu_hours: float = 0.0  # GPUs held (loading, serving, backing off, draining) x time
     attainment: list[float] = field(default_factory=list)  # -1: no traffic that minute
     failed_per_minute: list[int] = field(default_factory=list)
     failed_tuning_per_minute: list[int] = field(default_factory=list)
@@ -72,6 +73,7 @@ def live_stats(w: World) -> Live:
         crashes=w.crashes,
         replacements=w.replacements,
         crash_left_standing=w.crash_left_standing(),
+        gpu_hours=w.gpu_seconds / 3600.0,
         attainment=[-1.0 if np.isnan(a) else round(float(a), 4) for a in view.attainment],
         failed_per_minute=[int(x) for x in w.acc.failed[:n]],
         failed_tuning_per_minute=[int(x) for x in w.acc.failed_tuning[:n]],
@@ -179,6 +181,7 @@ def run_scenario(
         lives["oracle-static"] = live_stats(static)
         progress(f"oracle-static: live run done ({oracle_k.describe()})")
     base_goodput = lives["defaults"].goodput
+    base_gpu_hours = lives["defaults"].gpu_hours
     rows: dict[str, Any] = {}
     for name, tu in tunings.items():
         for tp in tu.trials:
@@ -194,6 +197,10 @@ def run_scenario(
                 round(live.goodput / base_goodput, 4) if base_goodput > 0 else None
             ),
             "arrivals": live.arrivals,
+            "gpu_hours": round(live.gpu_hours, 3),
+            "gpu_hours_vs_defaults": (
+                round(live.gpu_hours / base_gpu_hours, 4) if base_gpu_hours > 0 else None
+            ),
             "trials": len(tu.trials),
             "tuning_minutes": round(tu.tuning_s / 60.0, 1),
             "violation_minutes": live.violation_minutes,

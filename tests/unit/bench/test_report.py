@@ -139,3 +139,18 @@ def test_accuracy_summary_separates_roles_and_flags_overload() -> None:
     assert "median 20%" in proposed
     none = report.accuracy([_result(_row(10, 0, 1, 1), [])])
     assert "no predictions recorded" in none[0]
+
+
+def test_the_table_shows_gpu_hours_and_reads_results_without_them() -> None:
+    row = {**_row(10.0, 0, 1, 1), "final": {"maxNumBatchedTokens": 512, "maxNumSeqs": 64,
+           "gpuMemoryUtilization": 0.9}, "goodput_vs_defaults": 1.0, "tuning_minutes": 0,
+           "rollbacks": 0, "trial_crashes": 0, "live_crashes": 0, "failed_requests": 0}  # fmt: skip
+    oracle = {"knobs": row["final"], "capacity": 2.0, "grid_size": 4}
+    hours = {**row, "gpu_hours": 3.25, "gpu_hours_vs_defaults": 1.083}
+    text = report.table([{"scenario": "s1", "oracle": oracle, "methods": {"ours": hours}}])
+    assert "GPU-hours (÷ defaults)" in text
+    assert "| 3.25 (1.083) |" in text
+    widths = {line.count("|") for line in text.splitlines() if line.startswith("|")}
+    assert len(widths) == 1, widths  # every row has the header's columns
+    old = report.table([{"scenario": "s1", "oracle": oracle, "methods": {"ours": row}}])
+    assert "| n/a | 2 |" in old

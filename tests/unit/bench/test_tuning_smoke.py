@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from bench.tuning import methods
 from bench.tuning.promsim import TSDB, Evaluator, SimTransport
+from bench.tuning.runner import live_stats
 from bench.tuning.scenario import Scenario, load, parse
 from bench.tuning.truth import Truth
 from bench.tuning.world import World
@@ -98,6 +99,25 @@ def test_world_counts_restarts_and_failures(scenario: Scenario) -> None:
     assert all(p.ready and p.revision_knobs == other for p in health)
     assert world.replacements == 1
     assert world.failed() > 0  # arrivals during the restart found no ready pod
+    # Without surge no second GPU is ever held: the old pod left before the new one loaded.
+    hours = live_stats(world).gpu_hours
+    assert 0.0 < hours <= scenario.replicas * 600 / 3600.0 + 1e-9
+
+
+def test_a_rollout_with_surge_holds_one_more_gpu_while_it_runs(scenario: Scenario) -> None:
+    """The surge pod is a GPU the users pay for: GPU-hours count it (bench/tuning's table)."""
+    defaults = methods.vllm_defaults(scenario)
+    still, rolled = World(scenario, defaults, horizon_s=600), World(scenario, defaults, 600)
+    other = methods.clamp(Knobs(1024, 128, defaults.gpu_memory_utilization), scenario.bounds)
+    rolled.advance_to(120)
+    rolled.apply(other)
+    for w in (still, rolled):
+        w.advance_to(600)
+    assert scenario.rollout.max_surge >= 1
+    base, more = live_stats(still).gpu_hours, live_stats(rolled).gpu_hours
+    assert base == pytest.approx(scenario.replicas * 600 / 3600.0)
+    # At least the new pod's loading time on a GPU beside the old pods.
+    assert more >= base + scenario.rollout.load_time_s / 3600.0 - 1e-9
 
 
 def test_increase_extrapolates_like_prometheus() -> None:
