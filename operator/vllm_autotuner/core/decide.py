@@ -1256,8 +1256,8 @@ def _with_model_violations(
     One window's fit alone is not enough where its data are few: a held-out 32B RAG
     deployment at 0.13 req/s/pod fitted compute 0.45 in one window and 1.05 in the window
     30 s before (the engine's: 0.75; the mean fit: 0.75). At 0.45 the model put TTFT p95 at
-    3.4 s against a 3 s threshold inside vLLM's 2.5-5 s bucket, which the SLO met at that
-    load, and two canaries started on that prediction were lost."""
+    3.4 s against a 3 s threshold inside vLLM's 2.5-5 s bucket, in a window that met the
+    SLO, and two canaries started on that prediction were lost."""
     if diag.violates_slo or diag.kind == "idle" or not check.trusted:
         return diag
     found = _over_thresholds(current, policy.slo)
