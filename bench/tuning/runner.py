@@ -47,7 +47,7 @@ class Live:
     crashes: int
     replacements: int
     crash_left_standing: bool
-    gpu_hours: float = 0.0  # GPUs held (loading, serving, backing off, draining) x time
+    gpu_hours: float  # GPUs held (loading, serving, backing off, draining) x time
     attainment: list[float] = field(default_factory=list)  # -1: no traffic that minute
     failed_per_minute: list[int] = field(default_factory=list)
     failed_tuning_per_minute: list[int] = field(default_factory=list)
