@@ -75,6 +75,11 @@ class ParamMean:
         """How long the mean has been gathering windows."""
         return self.at - self.since
 
+    def spans(self, window_s: float) -> bool:
+        """Whether the mean has gathered an evaluation window (`window_s`): before that it
+        rests on the same few windows as the fit, and has no word of its own."""
+        return self.span_s() >= window_s
+
     def calibration(self, cal: Calibration) -> Calibration:
         """`cal` with the mean's step-time parameters (its KV, traffic and API fits kept)."""
         return cal.with_step_times(self.bandwidth, self.compute, self.admit_s, self.jitter)
@@ -159,7 +164,7 @@ def robust_gain(
     spans at least one evaluation window: before that it rests on the same few windows as the
     fit."""
     low_m, mean_ratio = best_rps, None
-    if mean is not None and mean.span_s() >= window_s:
+    if mean is not None and mean.spans(window_s):
         low_m, mean_ratio = _under(model, applied, best, workload, mean.calibration(cal),
                                    current_rps, best_rps)  # fmt: skip
     low_b, bound_ratio = best_rps, None

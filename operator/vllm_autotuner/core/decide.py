@@ -1298,7 +1298,7 @@ def _mean_prediction(
     """The applied knobs at this window's load under the recent windows' mean fit; None while
     the mean spans less than an evaluation window (it then rests on the same few windows as
     the fit, as in `robust_gain`)."""
-    if mean is None or mean.span_s() < policy.evaluation_window_s:
+    if mean is None or not mean.spans(policy.evaluation_window_s):
         return None
     return model.predict(applied, workload, mean.calibration(cal))
 
