@@ -1279,11 +1279,10 @@ def _with_model_violations(
 def _over_thresholds(pred: Prediction, slo: SLO) -> tuple[tuple[str, float, float], ...]:
     """(metric, predicted ms, threshold ms) for every SLO target `pred` puts over its
     threshold."""
-    values = {"ttft": pred.ttft_ms, "itl": pred.itl_ms, "e2e": pred.e2e_ms}
     return tuple(
-        (metric, values[metric], t.threshold_ms)
+        (metric, pred.latency_ms(metric), t.threshold_ms)
         for metric, t in slo.targets()
-        if values[metric] > t.threshold_ms
+        if pred.latency_ms(metric) > t.threshold_ms
     )
 
 

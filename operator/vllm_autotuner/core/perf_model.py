@@ -253,6 +253,10 @@ class Prediction:
     # Worst predicted value / SLO threshold over the targets (no margin); > 1 misses the SLO.
     slo_ratio: float = 0.0
 
+    def latency_ms(self, metric: str) -> float:
+        """The predicted latency of an SLO metric ("ttft", "itl" or "e2e")."""
+        return {"ttft": self.ttft_ms, "itl": self.itl_ms, "e2e": self.e2e_ms}[metric]
+
 
 class PerformanceModel(Protocol):
     """What decide() and search need from a performance model."""
@@ -1110,9 +1114,8 @@ def prediction_agrees(snapshot: Snapshot, slo: SLO, pred: Prediction) -> bool:
     """Whether the predicted SLO percentiles match the window: within the tolerance of the
     interpolated percentile, or anywhere the histogram's buckets allow the percentile to be
     (an interpolated percentile inside a wide bucket is no better than the bucket)."""
-    values = {"ttft": pred.ttft_ms, "itl": pred.itl_ms, "e2e": pred.e2e_ms}
     for metric, target in slo.targets():
-        predicted = values[metric]
+        predicted = pred.latency_ms(metric)
         if not math.isfinite(predicted) or predicted <= 0:
             return False
         summary = snapshot.latency(metric)
