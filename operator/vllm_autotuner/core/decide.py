@@ -17,7 +17,13 @@ from functools import partial
 
 from vllm_autotuner.core.arrival_pool import ArrivalPool, pooled, stored_pool
 from vllm_autotuner.core.autoscaling import scale_wait
-from vllm_autotuner.core.calibration_mean import ParamMean, RobustGain, robust_gain, updated
+from vllm_autotuner.core.calibration_mean import (
+    Fits,
+    ParamMean,
+    RobustGain,
+    robust_gain,
+    updated,
+)
 from vllm_autotuner.core.canary import cautious_slo, judge_canary, miss_share
 from vllm_autotuner.core.censoring import uncensored
 from vllm_autotuner.core.diagnosis import Diagnosis, diagnose
@@ -861,7 +867,9 @@ def _steady(
     pool = pooled(state.calibration, snap, now.timestamp(), policy.evaluation_window_s)
     workload = _workload(snap, policy, policy.safety_margin, pool)
     cal = model.calibrate(snap, applied, ctx, workload, _prior(state))
-    current = model.predict(applied, workload, cal)
+    mean = updated(state.calibration, cal, now.timestamp(), policy.evaluation_window_s)
+    fits, current = _fits(model, snap, applied, workload, cal, mean, policy)
+    lead = fits.lead
     rate = snap.per_pod_rate()
     check = ModelCheck(
         time=now,
@@ -874,13 +882,12 @@ def _steady(
         agrees=prediction_agrees(snap, policy.slo, current),
         arrival_cv2=workload.arrival_cv2,
     )
-    mean = updated(state.calibration, cal, now.timestamp(), policy.evaluation_window_s)
     diag = _with_model_violations(
         diagnose(snap, policy.slo, applied, policy.min_requests_per_window),
         check,
         current,
         policy,
-        partial(_mean_prediction, model, applied, workload, cal, mean, policy),
+        partial(_second_prediction, model, applied, workload, fits.second),
     )
     stored = {
         **cal.to_dict(),
@@ -904,11 +911,11 @@ def _steady(
             predictions=seen,
         )
     inputs = SearchInputs.of(applied, policy, diag, state)
-    if memo is not None and _memo_answers(memo, inputs, workload, cal, now, policy):
+    if memo is not None and _memo_answers(memo, inputs, workload, lead, now, policy):
         res, conclusion = memo.result, memo.conclusion
     else:
-        res, conclusion = _conclude(state, policy, diag, model, workload, cal, check.trusted)
-        memo = SearchMemo(now, inputs, workload, cal, res, conclusion)
+        res, conclusion = _conclude(state, policy, diag, model, workload, lead, check.trusted)
+        memo = SearchMemo(now, inputs, workload, lead, res, conclusion)
     summary = f"{diag.kind}: {diag.evidence}; {conclusion}"
     if not res.worth_rollout or res.best is None or res.prediction is None:
         return _done(
@@ -922,35 +929,35 @@ def _steady(
             predictions=seen,
         )
     best, pred = res.best, res.prediction
-    judged = _judged_by(cal, diag)
+    judged = _judged_by(lead, diag)
     robust = robust_gain(
-        model, applied, best, workload, judged, mean, policy.evaluation_window_s,
-        current.capacity_rps, pred.capacity_rps,
+        model, applied, best, workload, judged, fits.second, current.capacity_rps,
+        pred.capacity_rps,
     )  # fmt: skip
-    binding = _binding_fit(robust, mean, judged)
+    binding = _binding_fit(robust, fits.second, judged)
     if binding is not None:
         fit, at = binding
         found, memo = _other_best(state, policy, diag, model, workload, at, check, memo, fit)
         other = _best_at(
-            state, policy, model, workload, judged, mean, found, current.capacity_rps, best,
-            robust,
+            state, policy, model, workload, judged, fits.second, found,
+            current.capacity_rps, best, robust,
         )  # fmt: skip
         if other is not None:
             best, pred, robust = other
             summary = (
                 f"{diag.kind}: {diag.evidence}; {best.describe()}: predicted capacity "
                 f"{pred.capacity_rps:.2f} req/s/pod vs {current.capacity_rps:.2f} now, the "
-                f"most that {_fits_named(robust)} (this window's fit alone chose "
+                f"most that {_fits_named(robust, fits)} ({fits.lead_name()} alone chose "
                 f"{res.best.describe()})"
             )
         pred = replace(pred, capacity_rps=robust.best_rps)
         if robust.binds:
-            summary = f"{summary}; {_others_say(robust, mean, cal)}"
+            summary = f"{summary}; {_others_say(robust, fits)}"
     seen = ((applied, current), (best, pred))
     if robust.binds and pred.capacity_rps <= current.capacity_rps:
         holder = (
-            "the recent windows' fit"
-            if robust.mean_binds
+            fits.second_name()
+            if robust.second_binds
             else f"the fit at a {ADMIT_BOUND_S * 1000:.0f} ms admission cost"
         )
         text = f"{summary}; not rolled out: no gain that holds at {holder}"
@@ -1001,7 +1008,7 @@ def _steady(
         text = f"{summary}; not worth the restart: {worth.text}"
         return _hold_observing(s, now, text, diag, pred, memo, seen)
     unprovable = (
-        _canary_cannot_credit(model, best, workload, cal, current.capacity_rps, policy, rate)
+        _canary_cannot_credit(model, best, workload, lead, current.capacity_rps, policy, rate)
         if strategy == "Canary" and not diag.violates_slo
         else None
     )
@@ -1041,11 +1048,34 @@ def _hold_observing(
     return _done(held, now, "hold", text, None, (), diag, pred, memo, seen)
 
 
-def _fits_named(robust: RobustGain) -> str:
+def _fits(
+    model: PerformanceModel,
+    snap: Snapshot,
+    applied: Knobs,
+    workload: Workload,
+    cal: Calibration,
+    mean: ParamMean | None,
+    policy: TuningPolicy,
+) -> tuple[Fits, Prediction]:
+    """This window's fit (`cal`) and the recent windows' mean, and the applied knobs'
+    prediction at the lead of the two (`Fits`). The mean has a word once it spans an
+    evaluation window, and leads when it also explains this window (`prediction_agrees`):
+    windows at the same knobs measure the same engine, and one window's fit can stray far
+    from it where the window holds few requests (`calibration_mean`)."""
+    if mean is None or not mean.spans(policy.evaluation_window_s):
+        return Fits(cal, None), model.predict(applied, workload, cal)
+    fits = Fits(cal, mean, mean_leads=True)
+    by_mean = model.predict(applied, workload, fits.lead)
+    if prediction_agrees(snap, policy.slo, by_mean):
+        return fits, by_mean
+    return Fits(cal, mean), model.predict(applied, workload, cal)
+
+
+def _fits_named(robust: RobustGain, fits: Fits) -> str:
     """The fits a robust gain was judged under, as a reason names them."""
-    names = ["this window's fit"]
-    if robust.mean_ratio is not None:
-        names.append("the recent windows' mean fit")
+    names = [fits.lead_name()]
+    if robust.second_ratio is not None:
+        names.append(fits.second_name())
     if robust.bound_ratio is not None:
         names.append(f"the fit at a {ADMIT_BOUND_S * 1000:.0f} ms admission cost")
     if len(names) == 1:
@@ -1069,13 +1099,13 @@ def _judged_by(cal: Calibration, diag: Diagnosis) -> Calibration:
 
 
 def _binding_fit(
-    robust: RobustGain, mean: ParamMean | None, cal: Calibration
+    robust: RobustGain, second: Calibration | None, cal: Calibration
 ) -> tuple[str, Calibration] | None:
-    """The fit whose gain bound the candidate's, by name and calibration: the recent
-    windows' mean ("mean"), or the window's fit at the admission-cost bound ("bound"); None
-    when this window's own gain is the smallest."""
-    if robust.mean_binds and mean is not None:
-        return "mean", mean.calibration(cal)
+    """The fit whose gain bound the candidate's, by name and calibration: the second fit
+    ("second", `Fits`), or the lead's (`cal`) fit at the admission-cost bound ("bound"); None
+    when the lead's own gain is the smallest."""
+    if robust.second_binds and second is not None:
+        return "second", second
     at = cal.at_admission_bound() if robust.bound_binds else None
     return None if at is None else ("bound", at)
 
@@ -1092,7 +1122,7 @@ def _other_best(
     fit: str,
 ) -> tuple[Knobs | None, SearchMemo]:
     """The best of a search at the fit whose gain bound the candidate's (`binding`, named
-    `fit`), remembered in the memo beside the window's own search: a reconcile the memo
+    `fit`), remembered in the memo beside the lead fit's own search: a reconcile the memo
     answers runs neither again."""
     known, best = memo.other(fit)
     if known:
@@ -1107,7 +1137,7 @@ def _best_at(
     model: PerformanceModel,
     workload: Workload,
     cal: Calibration,
-    mean: ParamMean | None,
+    second: Calibration | None,
     other: Knobs | None,
     current_rps: float,
     best: Knobs,
@@ -1115,12 +1145,12 @@ def _best_at(
 ) -> tuple[Knobs, Prediction, RobustGain] | None:
     """Of `other` (the best of a search at the fit whose gain bound the candidate's,
     `_other_best`) and the knobs between it and `best`, the one whose smallest gain under
-    every fit is the largest, with its prediction at this window's fit and its robust gain,
-    when that gain is more than `best`'s and at least the policy's minGainPct; None
+    every fit is the largest, with its prediction at the lead fit (`cal`) and its robust
+    gain, when that gain is more than `best`'s and at least the policy's minGainPct; None
     otherwise.
 
-    The search runs at this window's fit, and the other fits only lower the gain of what it
-    found; when they disagree, the window's best can be the wrong one. In a run of a held-out
+    The search runs at the lead fit, and the other fits only lower the gain of what it
+    found; when they disagree, the lead's best can be the wrong one. In a run of a held-out
     Mixtral-8x7B deployment (with an admission-cost prior tried and reverted, see
     docs/decisions.md) one window's fit (compute efficiency 0.74 against the mean's 0.87)
     chose 320/256, whose truth is 0.78 of the best, while the mean fit predicted 384/256
@@ -1132,9 +1162,8 @@ def _best_at(
     for k in (other, *_between(best, other, state, policy)):
         pred = model.predict(k, workload, cal)
         gain = robust_gain(
-            model, state.applied, k, workload, cal, mean, policy.evaluation_window_s,
-            current_rps, pred.capacity_rps,
-        )  # fmt: skip
+            model, state.applied, k, workload, cal, second, current_rps, pred.capacity_rps
+        )
         if found is None or gain.best_rps > found[2].best_rps:
             found = (k, pred, gain)
     assert found is not None
@@ -1187,27 +1216,35 @@ def _log_between(a: int, b: int, f: float, grain: int) -> int:
     return max(grain, round(v / grain) * grain)
 
 
-def _others_say(robust: RobustGain, mean: ParamMean | None, cal: Calibration) -> str:
-    """Why the candidate's gain is another fit's, not this window's: the recent windows' mean
-    fit (`calibration_mean`; one window's fit can sit on a cliff the recent ones do not: a
-    70B deployment's 512/512 was predicted +19 % from one window, -47 % from the mean of the
-    ones before it, and -44 % by the truth), or the fit at the admission-cost bound, which the
-    window cannot rule out (`perf_model.ADMIT_BOUND_S`)."""
-    if robust.mean_binds and mean is not None:
-        ratio = robust.mean_ratio
+def _others_say(robust: RobustGain, fits: Fits) -> str:
+    """Why the candidate's gain is another fit's, not the lead's: this window's own fit while
+    the recent windows' mean leads (`calibration_mean`; one window's fit can sit on a cliff
+    the recent ones do not, and the other way round: a 70B deployment's 512/512 was predicted
+    +19 % from one window, -47 % from the mean of the ones before it, and -44 % by the
+    truth), or the fit at the admission-cost bound, which the window cannot rule out
+    (`perf_model.ADMIT_BOUND_S`)."""
+    window = fits.window
+    if robust.second_binds and fits.mean is not None:
+        ratio = robust.second_ratio
+        minutes = f"{fits.mean.span_s() / 60:.0f}"
+        mean = fits.mean
         who = (
-            f"the mean fit of the last {mean.span_s() / 60:.0f} min (compute "
-            f"{mean.compute:.2f}, bandwidth {mean.bandwidth:.2f} against this window's "
-            f"{cal.compute:.2f}, {cal.bandwidth:.2f})"
+            f"this window's fit (compute {window.compute:.2f}, bandwidth "
+            f"{window.bandwidth:.2f} against the mean fit of the last {minutes} min's "
+            f"{mean.compute:.2f}, {mean.bandwidth:.2f})"
+            if fits.mean_leads
+            else f"the mean fit of the last {minutes} min (compute {mean.compute:.2f}, "
+            f"bandwidth {mean.bandwidth:.2f} against this window's {window.compute:.2f}, "
+            f"{window.bandwidth:.2f})"
         )
     else:
         ratio = robust.bound_ratio
-        at = cal.at_admission_bound() or cal
+        at = window.at_admission_bound() or window
         who = (
             f"the fit at a {ADMIT_BOUND_S * 1000:.0f} ms admission cost per request, which this "
             f"window cannot rule out (compute {at.compute:.2f}, bandwidth {at.bandwidth:.2f} "
-            f"against this window's {cal.compute:.2f}, {cal.bandwidth:.2f} at "
-            f"{cal.admit_s * 1000:.1f} ms)"
+            f"against this window's {window.compute:.2f}, {window.bandwidth:.2f} at "
+            f"{window.admit_s * 1000:.1f} ms)"
         )
     pct = "" if ratio is None else f" ({100.0 * (ratio - 1.0):+.1f}%)"
     return f"{who} predicts a smaller gain{pct}: {robust.best_rps:.2f} req/s/pod"
@@ -1246,12 +1283,12 @@ def _with_model_violations(
     check: ModelCheck,
     current: Prediction,
     policy: TuningPolicy,
-    mean_prediction: Callable[[], Prediction | None],
+    second_prediction: Callable[[], Prediction | None],
 ) -> Diagnosis:
     """A violation the histogram cannot confirm (the threshold inside a wide bucket) counts
-    when a trusted model predicts it at the measured load, from this window's fit and from
-    the recent windows' mean fit alike (`mean_prediction`, asked only when the window's fit
-    predicts one; None: no mean that spans a window yet).
+    when a trusted model predicts it at the measured load (`current`, the lead fit's) and
+    the second fit does too (`second_prediction`, asked only when the lead predicts one;
+    None: no second fit, `Fits`).
 
     One window's fit alone is not enough where its data are few: a held-out 32B RAG
     deployment at 0.13 req/s/pod fitted compute 0.45 in one window and 1.05 in the window
@@ -1262,9 +1299,9 @@ def _with_model_violations(
         return diag
     found = _over_thresholds(current, policy.slo)
     if found:
-        mean = mean_prediction()
-        if mean is not None:
-            confirmed = {metric for metric, _, _ in _over_thresholds(mean, policy.slo)}
+        second = second_prediction()
+        if second is not None:
+            confirmed = {metric for metric, _, _ in _over_thresholds(second, policy.slo)}
             found = tuple(f for f in found if f[0] in confirmed)
     if not found:
         return diag
@@ -1286,20 +1323,11 @@ def _over_thresholds(pred: Prediction, slo: SLO) -> tuple[tuple[str, float, floa
     )
 
 
-def _mean_prediction(
-    model: PerformanceModel,
-    applied: Knobs,
-    workload: Workload,
-    cal: Calibration,
-    mean: ParamMean | None,
-    policy: TuningPolicy,
+def _second_prediction(
+    model: PerformanceModel, applied: Knobs, workload: Workload, second: Calibration | None
 ) -> Prediction | None:
-    """The applied knobs at this window's load under the recent windows' mean fit; None while
-    the mean spans less than an evaluation window (it then rests on the same few windows as
-    the fit, as in `robust_gain`)."""
-    if mean is None or not mean.spans(policy.evaluation_window_s):
-        return None
-    return model.predict(applied, workload, mean.calibration(cal))
+    """The applied knobs at this window's load under the second fit (None: none, `Fits`)."""
+    return None if second is None else model.predict(applied, workload, second)
 
 
 def _with_peak(state: TuningState, rate: float, now: datetime) -> TuningState:

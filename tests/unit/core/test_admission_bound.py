@@ -159,7 +159,7 @@ def test_the_candidate_acted_on_gains_most_under_every_fit() -> None:
         cal = Calibration.from_dict(d.new_state.calibration)
         w = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
         theirs = robust_gain(
-            model, KNOBS, own, w, cal, None, policy.evaluation_window_s, current.capacity_rps,
+            model, KNOBS, own, w, cal, None, current.capacity_rps,
             model.predict(own, w, cal).capacity_rps,
         )  # fmt: skip
         assert theirs.bound_binds
@@ -179,7 +179,7 @@ def _knobs_in(text: str) -> Knobs:
 
 
 def test_a_violated_window_is_not_judged_by_the_bound() -> None:
-    """With the SLO violated the proposal's gain is this window's and the mean's only: the
+    """With the SLO violated the proposal's gain is the lead fit's and the second's only: the
     same window's calibration carries a bound, and the bound would have lowered the gain."""
     snap = violating_snapshot(KNOBS, rate=4.0)
     obs, policy = Observation(snap, ready_pods(KNOBS)), make_policy("Recommend")
@@ -194,7 +194,5 @@ def test_a_violated_window_is_not_judged_by_the_bound() -> None:
     w = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
     own = model.predict(chosen, w, cal).capacity_rps
     assert acted.capacity_rps == pytest.approx(own)
-    with_bound = robust_gain(
-        model, KNOBS, chosen, w, cal, None, policy.evaluation_window_s, current.capacity_rps, own
-    )
+    with_bound = robust_gain(model, KNOBS, chosen, w, cal, None, current.capacity_rps, own)
     assert with_bound.bound_binds and with_bound.best_rps < acted.capacity_rps

@@ -25,12 +25,13 @@ from tests.unit.core.test_decide import (
 )
 from vllm_autotuner.core.calibration_mean import (
     MEAN_WINDOWS,
+    Fits,
     ParamMean,
     robust_gain,
     updated,
 )
 from vllm_autotuner.core.decide import decide
-from vllm_autotuner.core.perf_model import Calibration, Workload
+from vllm_autotuner.core.perf_model import Calibration, Workload, prediction_agrees
 from vllm_autotuner.core.snapshot import Observation, Snapshot
 from vllm_autotuner.core.tuning_types import Knobs, TuningState
 
@@ -151,19 +152,16 @@ class MeanOnly(SharedModel):
 def test_the_smaller_gain_is_the_one_acted_on() -> None:
     model, w, cal, now_rps, best_rps, best = _calibrated()
     cal = cal.without_bound()
-    same = ParamMean.start(cal, T0 - 2 * WINDOW_S)
-    same = replace(same, at=T0)
-    g = robust_gain(model, KNOBS, best, w, cal, same, WINDOW_S, now_rps, best_rps)
-    assert not g.mean_binds and g.best_rps == best_rps
-    assert g.mean_ratio == pytest.approx(best_rps / now_rps)
-    slower = replace(same, compute=cal.compute * 0.5)
-    g = robust_gain(model, KNOBS, best, w, cal, slower, WINDOW_S, now_rps, best_rps)
-    assert g.mean_binds and g.mean_ratio is not None
-    assert g.best_rps == pytest.approx(now_rps * g.mean_ratio) and g.best_rps < best_rps
-    # A mean younger than one window rests on the fit's own windows: it does not count.
-    young = replace(slower, since=T0 - WINDOW_S / 2)
-    g = robust_gain(model, KNOBS, best, w, cal, young, WINDOW_S, now_rps, best_rps)
-    assert not g.mean_binds and g.mean_ratio is None and g.best_rps == best_rps
+    g = robust_gain(model, KNOBS, best, w, cal, cal, now_rps, best_rps)
+    assert not g.second_binds and g.best_rps == best_rps
+    assert g.second_ratio == pytest.approx(best_rps / now_rps)
+    slower = replace(cal, compute=cal.compute * 0.5)
+    g = robust_gain(model, KNOBS, best, w, cal, slower, now_rps, best_rps)
+    assert g.second_binds and g.second_ratio is not None
+    assert g.best_rps == pytest.approx(now_rps * g.second_ratio) and g.best_rps < best_rps
+    # No second fit (a mean younger than one window, `Fits`): the lead's gain stands.
+    g = robust_gain(model, KNOBS, best, w, cal, None, now_rps, best_rps)
+    assert not g.second_binds and g.second_ratio is None and g.best_rps == best_rps
 
 
 @pytest.mark.parametrize(("factor", "action"), [(1.0, "rollout"), (0.5, "hold")])
@@ -183,7 +181,7 @@ def test_decide_holds_a_gain_the_recent_fits_do_not_predict(factor: float, actio
     assert d.action == action, d.reason
     if action == "hold":
         assert "the mean fit of the last 60 min" in d.reason
-        assert "not rolled out: no gain that holds at the recent windows' fit" in d.reason
+        assert "not rolled out: no gain that holds at the recent windows' mean fit" in d.reason
         assert d.new_state.recommendation is None
         (_, applied), (_, proposed) = d.predictions
         assert proposed.capacity_rps <= applied.capacity_rps
@@ -196,9 +194,9 @@ def test_decide_holds_a_gain_the_recent_fits_do_not_predict(factor: float, actio
 def test_the_gain_acted_on_is_never_more_than_either_fit_predicts(
     compute: float, bandwidth: float, span: float
 ) -> None:
-    """Whatever the recent fits said, the capacity a decision acts on is at most this
-    window's prediction and, once the mean spans a window, at most the mean's gain over the
-    applied knobs' capacity."""
+    """Whatever the recent fits said, the capacity a decision acts on is at most the lead
+    fit's prediction and, once the mean spans a window (it then leads), at most this window's
+    fit's gain over the applied knobs' capacity."""
     model, w, cal, now_rps, best_rps, best = _calibrated()
     mean = replace(
         ParamMean.start(cal, T0 - span * WINDOW_S),
@@ -206,14 +204,17 @@ def test_the_gain_acted_on_is_never_more_than_either_fit_predicts(
         bandwidth=cal.bandwidth * bandwidth,
         at=T0,
     )
-    g = robust_gain(model, KNOBS, best, w, cal, mean, WINDOW_S, now_rps, best_rps)
+    fits = Fits(cal, mean if span >= 1.0 else None, mean_leads=span >= 1.0)
+    now_rps = model.predict(KNOBS, w, fits.lead).capacity_rps
+    best_rps = model.predict(best, w, fits.lead).capacity_rps
+    g = robust_gain(model, KNOBS, best, w, fits.lead, fits.second, now_rps, best_rps)
     assert g.best_rps <= best_rps
     assert g.binds == (g.best_rps < best_rps)
-    assert not (g.mean_binds and g.bound_binds)
+    assert not (g.second_binds and g.bound_binds)
     if span < 1.0:
-        assert g.mean_ratio is None and not g.mean_binds
-    elif g.mean_ratio is not None:
-        assert g.best_rps <= now_rps * g.mean_ratio * (1 + 1e-12)
+        assert g.second_ratio is None and not g.second_binds
+    elif g.second_ratio is not None:
+        assert g.best_rps <= now_rps * g.second_ratio * (1 + 1e-12)
     if g.bound_ratio is not None:
         assert g.best_rps <= now_rps * g.bound_ratio * (1 + 1e-12)
     if cal.at_admission_bound() is None:
@@ -248,10 +249,11 @@ def _unstamped(state: TuningState) -> dict[str, Any]:
 
 
 def test_the_candidate_acted_on_gains_most_under_both_fits() -> None:
-    """When the recent windows' mean fit disagrees with this window's, the candidate acted on
-    is the one whose smaller gain (of the two fits') is the largest of the window search's
-    best and the mean search's best, and the reason names both. Over a violated and a
-    healthy window and means that move compute or bandwidth, some must switch."""
+    """When the recent windows' mean fit (which leads) disagrees with this window's, the
+    candidate acted on is the one whose smaller gain (of the two fits') is the largest of the
+    mean search's best and the window search's best, and the reason names both. Over a
+    violated and a healthy window and means that move compute or bandwidth, some must
+    switch."""
     switched = 0
     for snap in (violating_snapshot(KNOBS, rate=4.0), make_snapshot(KNOBS, rate=6.0)):
         switched += _switches(snap)
@@ -262,7 +264,6 @@ def _switches(snap: Snapshot) -> int:
     obs, policy = Observation(snap, ready_pods(KNOBS)), make_policy("Recommend")
     first = decide(TuningState.initial(KNOBS), obs, policy, CTX, NOW, MeanOnly())
     assert first.new_state.recommendation is not None, first.reason
-    window_best = first.new_state.recommendation.knobs
     switched = 0
     for key, factor in itertools.product(("compute", "bandwidth"), (0.7, 0.85)):
         cal = dict(first.new_state.calibration)
@@ -279,14 +280,23 @@ def _switches(snap: Snapshot) -> int:
         assert mean is not None
         w = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
         model = MeanOnly()
-        other = robust_gain(
-            model, KNOBS, window_best, w, fit, mean, WINDOW_S, current.capacity_rps,
-            model.predict(window_best, w, fit).capacity_rps,
-        )  # fmt: skip
-        assert acted.capacity_rps >= other.best_rps * (1 - 1e-9), (key, factor, chosen)
-        if not chosen.same_as(window_best):
+        by_mean = model.predict(KNOBS, w, mean.calibration(fit))
+        fits = Fits(fit, mean, mean_leads=prediction_agrees(snap, policy.slo, by_mean))
+        assert current == model.predict(KNOBS, w, fits.lead)
+        assert d.search_memo is not None
+        lead_best = d.search_memo.result.best
+        known, second_best = d.search_memo.other("second")
+        assert lead_best is not None
+        if known and second_best is not None:
+            other = robust_gain(
+                model, KNOBS, second_best, w, fits.lead, fits.second, current.capacity_rps,
+                model.predict(second_best, w, fits.lead).capacity_rps,
+            )  # fmt: skip
+            assert acted.capacity_rps >= other.best_rps * (1 - 1e-9), (key, factor, chosen)
+        if not chosen.same_as(lead_best):
             switched += 1
-            assert "the most that both this window's fit and the recent windows' mean" in d.reason
+            both = f"the most that both {fits.lead_name()} and {fits.second_name()} predict"
+            assert both in d.reason
             assert "admission cost per request" not in d.reason
-            assert f"this window's fit alone chose {window_best.describe()}" in d.reason
+            assert f"{fits.lead_name()} alone chose {lead_best.describe()}" in d.reason
     return switched

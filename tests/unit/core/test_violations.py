@@ -8,7 +8,8 @@ vLLM's), and read back as the Prometheus adapter reads them (histogram_quantile)
 - issue 19's phantom: a 40 ms threshold inside the 25-50 ms bucket, true p99 33 ms,
   interpolated 43 ms, is not a violation;
 - decide() adds a violation the histogram cannot confirm only when a trusted model predicts
-  it at the measured load, from the window's fit and from the recent windows' mean fit;
+  it at the measured load, from the lead fit and from the second (the recent windows' mean
+  leads once it spans an evaluation window, and this window's fit seconds it);
 - a before/after verdict never keeps a candidate whose window confirms a violation unless
   the previous knobs would miss the SLO by more at the same load.
 """
@@ -16,6 +17,7 @@ vLLM's), and read back as the Prometheus adapter reads them (histogram_quantile)
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import numpy as np
@@ -24,11 +26,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.core.shared_model import SharedModel
-from tests.unit.core.test_decide import KNOBS, make_policy, make_snapshot
+from tests.unit.core.test_decide import CTX, KNOBS, make_policy, make_snapshot
 from vllm_autotuner.core.calibration_mean import ParamMean
-from vllm_autotuner.core.decide import _mean_prediction, _with_model_violations
+from vllm_autotuner.core.decide import _fits, _second_prediction, _with_model_violations
 from vllm_autotuner.core.diagnosis import Diagnosis, slo_violations
-from vllm_autotuner.core.perf_model import Calibration, Prediction, Workload
+from vllm_autotuner.core.perf_model import Prediction, Workload, prediction_agrees
 from vllm_autotuner.core.rollout import REGRESSION_TOLERANCE, judge_before_after, worst_ratio
 from vllm_autotuner.core.snapshot import LatencySummary, Snapshot, histogram_quantile
 from vllm_autotuner.core.tuning_types import SLO, ModelCheck, SLOTarget
@@ -164,31 +166,29 @@ def test_a_confirmed_violation_is_kept_as_measured() -> None:
     assert out == measured
 
 
-@pytest.mark.parametrize(("mean_itl_ms", "added"), [(70.0, True), (50.0, False), (40.0, False)])
-def test_a_model_violation_needs_the_recent_windows_mean_fit_too(
-    mean_itl_ms: float, added: bool
-) -> None:
-    """The window's fit puts ITL at 60 ms > 50 ms; it counts only when the mean fit's
+@pytest.mark.parametrize(("second_itl_ms", "added"), [(70.0, True), (50.0, False), (40.0, False)])
+def test_a_model_violation_needs_the_second_fit_too(second_itl_ms: float, added: bool) -> None:
+    """The lead fit puts ITL at 60 ms > 50 ms; it counts only when the second fit's
     prediction for the same knobs and load is over the threshold as well."""
     healthy = Diagnosis("healthy", "SLO met")
     out = _with_model_violations(
         healthy, _check(0.01, True), _prediction(60.0), make_policy(),
-        lambda: _prediction(mean_itl_ms),
+        lambda: _prediction(second_itl_ms),
     )  # fmt: skip
     assert out.violates_slo == added
     assert out == healthy or out.violations == (("itl", 60.0, 50.0),)
 
 
-def test_the_mean_fit_is_asked_only_for_a_predicted_violation() -> None:
+def test_the_second_fit_is_asked_only_for_a_predicted_violation() -> None:
     asked: list[bool] = []
 
-    def mean() -> Prediction:
+    def second() -> Prediction:
         asked.append(True)
         return _prediction(70.0)
 
     healthy = Diagnosis("healthy", "SLO met")
     out = _with_model_violations(
-        healthy, _check(0.01, True), _prediction(45.0), make_policy(), mean
+        healthy, _check(0.01, True), _prediction(45.0), make_policy(), second
     )
     assert out == healthy and asked == []
 
@@ -226,20 +226,41 @@ def test_before_after_never_keeps_a_confirmed_violation_the_baseline_would_not_b
     assert any(ch.isdigit() for ch in v.reason)
 
 
-@pytest.mark.parametrize(("span_windows", "asked"), [(0.5, False), (1.0, True), (3.0, True)])
-def test_the_mean_fit_speaks_once_it_spans_a_window(span_windows: float, asked: bool) -> None:
-    """Before the mean spans an evaluation window it rests on the window's own fit: no second
-    word (as in robust_gain). After, its prediction is the model's at the mean's parameters."""
+@pytest.mark.parametrize(
+    ("span_windows", "slower", "mean_leads"),
+    [(0.5, 1.0, False), (1.0, 1.0, True), (3.0, 1.05, True), (3.0, 10.0, False)],
+)
+def test_the_mean_leads_once_it_spans_a_window_and_explains_it(
+    span_windows: float, slower: float, mean_leads: bool
+) -> None:
+    """Before the mean spans an evaluation window it rests on the window's own fit: the fit
+    leads and there is no second word. After, the mean's parameters lead (the window's KV and
+    traffic fits kept) when its prediction agrees with the window's measurement, and the
+    window's fit seconds it; a mean that does not explain the window seconds the fit. The
+    window here measures what a fit of compute `c` predicts; the mean's is c / `slower`."""
     policy = make_policy()
-    snap = make_snapshot(KNOBS, rate=4.0)
-    workload = Workload.from_snapshot(snap, policy.slo, policy.safety_margin)
     model = SharedModel()
-    cal = Calibration(bandwidth=0.8, compute=0.7, fitted=True)
+    base = make_snapshot(KNOBS, rate=4.0)
+    workload = Workload.from_snapshot(base, policy.slo, policy.safety_margin)
+    cal = replace(model.calibrate(base, KNOBS, CTX, workload, None), kv_scale=0.9)
+    p = model.predict(KNOBS, workload, cal)
+    snap = make_snapshot(KNOBS, rate=4.0, ttft_p95=p.ttft_ms, itl_p95=p.itl_ms)
+    assert Workload.from_snapshot(snap, policy.slo, policy.safety_margin) == workload
     span = span_windows * policy.evaluation_window_s
-    mean = ParamMean(1.3, 1.2, 0.001, 0.04, at=1000.0 + span, since=1000.0)
-    out = _mean_prediction(model, KNOBS, workload, cal, mean, policy)
-    assert (out is not None) == asked
-    if out is not None:
-        assert out == model.predict(KNOBS, workload, mean.calibration(cal))
-        assert out != model.predict(KNOBS, workload, cal)
-    assert _mean_prediction(model, KNOBS, workload, cal, None, policy) is None
+    compute = cal.compute / slower
+    mean = ParamMean(cal.bandwidth, compute, cal.admit_s, cal.jitter, 1000.0 + span, 1000.0)
+    fits, current = _fits(model, snap, KNOBS, workload, cal, mean, policy)
+    assert fits.mean_leads == mean_leads
+    assert current == model.predict(KNOBS, workload, fits.lead)
+    second = _second_prediction(model, KNOBS, workload, fits.second)
+    by_mean = model.predict(KNOBS, workload, mean.calibration(cal))
+    if span_windows < 1.0:
+        assert fits.lead == cal and fits.second is None and second is None
+    elif mean_leads:
+        assert fits.second == cal and fits.lead == mean.calibration(cal)
+        assert (fits.lead.compute, fits.lead.kv_scale) == (compute, 0.9)
+        assert prediction_agrees(snap, policy.slo, by_mean)
+        assert second == model.predict(KNOBS, workload, cal)
+    else:
+        assert fits.lead == cal and fits.second == mean.calibration(cal)
+        assert not prediction_agrees(snap, policy.slo, by_mean)
