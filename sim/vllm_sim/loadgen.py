@@ -159,6 +159,16 @@ async def _one(
         record.finish_time = time.monotonic() - start
 
 
+async def _cancel_all(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Cancel the tasks still running and wait for them (each records its cancellation as
+    an error, `_one`)."""
+    pending = [t for t in tasks if not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
 async def run_http(
     url: str,
     workload: WorkloadSpec | Sequence[Request],
@@ -229,15 +239,17 @@ async def run_http(
                     progress(elapsed, finished, len(requests))
                     next_report = elapsed + progress_every
 
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(launch(), timeout)
-        left = None if timeout is None else max(timeout - (time.monotonic() - start), 0.0)
-        if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=left)
-            for task in pending:
-                task.cancel()  # _one records the cancellation as an error
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(launch(), timeout)
+            left = None if timeout is None else max(timeout - (time.monotonic() - start), 0.0)
+            if tasks:
+                await asyncio.wait(tasks, timeout=left)
+        finally:
+            # At the time limit, or when the run itself is cancelled (the demo stops its
+            # traffic so): end every request before the session closes under it (aiohttp
+            # would fail the read with a bare RuntimeError that no one retrieves).
+            await _cancel_all(tasks)
         wall = time.monotonic() - start
     client_records = [r.to_record(time_scale) for r in records]
     summary = summarize(client_records, duration=wall * time_scale, slo=slo, submitted=len(records))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -131,3 +132,27 @@ async def test_each_request_is_seen_as_it_finishes(
     # Every request, once, each already finished when it was seen.
     assert sorted(i for i, _ in seen) == sorted(r.request_id for r in result.records)
     assert len(seen) > 5 and all(done for _, done in seen)
+
+
+async def test_a_cancelled_run_ends_every_request_before_its_session_closes(
+    served: tuple[str, SimServer, FakeEngine],
+) -> None:
+    """Cancelling the run (the demo stops its traffic so) cancels the requests in flight and
+    waits for them: none is left reading from a closed session (aiohttp then raises a bare
+    RuntimeError that no one retrieves), and each one reports its cancellation."""
+    url, _, engine = served
+    seen: list[str | None] = []
+    long = small_workload(rate=20, duration=0.5, output=10_000 // 4)
+    run = asyncio.ensure_future(
+        run_http(url, long, timeout=60, on_done=lambda r: seen.append(r.error))
+    )
+    deadline = asyncio.get_running_loop().time() + 10
+    while len(engine.added) < 3:
+        assert asyncio.get_running_loop().time() < deadline, "no request reached the engine"
+        await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    left = [t for t in asyncio.all_tasks() if "run_http" in t.get_coro().__qualname__]
+    assert left == []
+    assert len(seen) >= 3 and all(e is not None and "cancelled" in e for e in seen)
