@@ -934,7 +934,7 @@ def _steady(
         model, applied, best, workload, judged, fits.second, current.capacity_rps,
         pred.capacity_rps,
     )  # fmt: skip
-    binding = _binding_fit(robust, fits.second, judged)
+    binding = _binding_fit(robust, fits, judged)
     if binding is not None:
         fit, at = binding
         found, memo = _other_best(state, policy, diag, model, workload, at, check, memo, fit)
@@ -1099,13 +1099,15 @@ def _judged_by(cal: Calibration, diag: Diagnosis) -> Calibration:
 
 
 def _binding_fit(
-    robust: RobustGain, second: Calibration | None, cal: Calibration
+    robust: RobustGain, fits: Fits, cal: Calibration
 ) -> tuple[str, Calibration] | None:
     """The fit whose gain bound the candidate's, by name and calibration: the second fit
-    ("second", `Fits`), or the lead's (`cal`) fit at the admission-cost bound ("bound"); None
-    when the lead's own gain is the smallest."""
+    (`Fits`: "window" while the mean leads, else "mean"), or the lead's (`cal`) fit at the
+    admission-cost bound ("bound"); None when the lead's own gain is the smallest. The name
+    keys the memo of that fit's search (`SearchMemo.other`)."""
+    second = fits.second
     if robust.second_binds and second is not None:
-        return "second", second
+        return ("window" if fits.mean_leads else "mean"), second
     at = cal.at_admission_bound() if robust.bound_binds else None
     return None if at is None else ("bound", at)
 

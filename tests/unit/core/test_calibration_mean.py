@@ -285,7 +285,7 @@ def _switches(snap: Snapshot) -> int:
         assert current == model.predict(KNOBS, w, fits.lead)
         assert d.search_memo is not None
         lead_best = d.search_memo.result.best
-        known, second_best = d.search_memo.other("second")
+        known, second_best = d.search_memo.other("window" if fits.mean_leads else "mean")
         assert lead_best is not None
         if known and second_best is not None:
             other = robust_gain(
