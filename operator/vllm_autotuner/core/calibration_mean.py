@@ -13,17 +13,20 @@ fit's own units (log efficiencies, admission cost, log jitter). It restarts when
 change (fits at other knobs carry other biases of the model) and is kept in the state's
 calibration mapping beside the fit itself.
 
-Once the mean spans an evaluation window and explains this window as well (its SLO
-percentiles at the measured load agree with the measurement), it leads (`Fits`): decide()
-predicts, searches and publishes its model check with it, and this window's fit is the
-second opinion. Windows at the same knobs measure the same engine, and where each holds few
-requests the mean is the better estimate of it: on a held-out 32B RAG deployment at 0.13
-req/s/pod (engine compute 0.75), the windows of ten minutes fitted compute from 0.45 to 1.12
-while the mean stayed at 0.74-0.77; at 0.45 the window's fit put the applied knobs' capacity
-at 0.00 req/s/pod, the mean at 0.23 and the engine's own parameters at 0.23. A mean that
-does not explain the window (the traffic moved to where the model's bias is another) gives
-the lead back to the window's fit and is its second opinion; before it spans a window it
-has no word.
+Once the mean spans an evaluation window it is a second opinion, and it leads (`Fits`,
+decide's `_fits`) where this window's fit strays from it: when the two put the applied
+knobs' capacity further apart than the model's agreement tolerance and the mean still
+explains the window (its SLO percentiles at the measured load agree with the measurement).
+decide() then predicts, searches and publishes its model check with the mean, and this
+window's fit is the second opinion. Windows at the same knobs measure the same engine, and
+where each holds few requests one window's fit can stray far: on a held-out 32B RAG
+deployment at 0.13 req/s/pod (engine compute 0.75), the windows of ten minutes fitted
+compute from 0.45 to 1.12 while the mean stayed at 0.74-0.77; at 0.45 the window's fit put
+the applied knobs' capacity at 0.00 req/s/pod, the mean at 0.23 and the engine's own
+parameters at 0.23. It does not lead always: it follows a trend of the fits a window
+behind. On bursty-8b-h100 the first windows' fits put the applied knobs at 16.0-18.5
+req/s/pod and the later ones at 17-20.5 (the truth: 19.8), and a mean that always led
+predicted 16-17.6 for fifteen minutes.
 
 `robust_gain` is what decide() does with both: a change must be predicted to gain from the
 lead fit, from the second and, when decide() passes a calibration that carries one, from

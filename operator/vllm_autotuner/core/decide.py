@@ -38,6 +38,7 @@ from vllm_autotuner.core.evidence import evidence_of
 from vllm_autotuner.core.memory import ProvenMemory
 from vllm_autotuner.core.perf_model import (
     ADMIT_BOUND_S,
+    AGREEMENT_TOLERANCE,
     Calibration,
     PerformanceModel,
     Prediction,
@@ -1059,16 +1060,29 @@ def _fits(
 ) -> tuple[Fits, Prediction]:
     """This window's fit (`cal`) and the recent windows' mean, and the applied knobs'
     prediction at the lead of the two (`Fits`). The mean has a word once it spans an
-    evaluation window, and leads when it also explains this window (`prediction_agrees`):
-    windows at the same knobs measure the same engine, and one window's fit can stray far
-    from it where the window holds few requests (`calibration_mean`)."""
+    evaluation window. It leads when this window's fit strays from it, predicting the
+    applied knobs' capacity more than the model's agreement tolerance away from the mean's,
+    and the mean still explains this window (`prediction_agrees`): windows at the same knobs
+    measure the same engine, and one window's fit can stray far from it where the window
+    holds few requests (`calibration_mean`). Otherwise this window's fit leads: the mean
+    follows a trend of the fits (the first windows of a run fit slower than the later ones)
+    a window behind."""
+    by_window = model.predict(applied, workload, cal)
     if mean is None or not mean.spans(policy.evaluation_window_s):
-        return Fits(cal, None), model.predict(applied, workload, cal)
+        return Fits(cal, None), by_window
     fits = Fits(cal, mean, mean_leads=True)
     by_mean = model.predict(applied, workload, fits.lead)
-    if prediction_agrees(snap, policy.slo, by_mean):
+    strays = _apart(by_window.capacity_rps, by_mean.capacity_rps) > AGREEMENT_TOLERANCE
+    if strays and prediction_agrees(snap, policy.slo, by_mean):
         return fits, by_mean
-    return Fits(cal, mean), model.predict(applied, workload, cal)
+    return Fits(cal, mean), by_window
+
+
+def _apart(a: float, b: float) -> float:
+    """|log(a / b)| of two capacities; infinite when only one of them is positive."""
+    if a <= 0 or b <= 0:
+        return 0.0 if a <= 0 and b <= 0 else math.inf
+    return abs(math.log(a / b))
 
 
 def _fits_named(robust: RobustGain, fits: Fits) -> str:
