@@ -1065,8 +1065,8 @@ def _fits(
     and the mean still explains this window (`prediction_agrees`): windows at the same knobs
     measure the same engine, and one window's fit can stray far from it where the window
     holds few requests (`calibration_mean`). Otherwise this window's fit leads: the mean
-    follows a trend of the fits (the first windows of a run fit slower than the later ones)
-    a window behind."""
+    follows a trend of the fits (on bursty-8b-h100 the first windows of the run fit a slower
+    engine than the later ones) a window behind."""
     by_window = model.predict(applied, workload, cal)
     if mean is None or not mean.spans(policy.evaluation_window_s):
         return Fits(cal, None), by_window
@@ -1233,11 +1233,11 @@ def _log_between(a: int, b: int, f: float, grain: int) -> int:
 
 
 def _others_say(robust: RobustGain, fits: Fits) -> str:
-    """Why the candidate's gain is another fit's, not the lead's: this window's own fit while
-    the recent windows' mean leads (`calibration_mean`; one window's fit can sit on a cliff
-    the recent ones do not, and the other way round: a 70B deployment's 512/512 was predicted
-    +19 % from one window, -47 % from the mean of the ones before it, and -44 % by the
-    truth), or the fit at the admission-cost bound, which the window cannot rule out
+    """Why the candidate's gain is another fit's, not the lead's: the second fit (`Fits`:
+    this window's own fit while the recent windows' mean leads, the mean otherwise; one
+    window's fit can sit on a cliff the recent ones do not: a 70B deployment's 512/512 was
+    predicted +19 % from one window, -47 % from the mean of the ones before it, and -44 % by
+    the truth), or the fit at the admission-cost bound, which the window cannot rule out
     (`perf_model.ADMIT_BOUND_S`)."""
     window = fits.window
     if robust.second_binds and fits.mean is not None:
