@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.core.shared_model import SharedModel
@@ -275,3 +275,48 @@ def test_the_mean_leads_where_the_window_strays_and_the_mean_explains_it(
     else:
         assert fits.lead == cal and fits.second == mean.calibration(cal)
         assert apart <= AGREEMENT_TOLERANCE or not prediction_agrees(snap, policy.slo, by_mean)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    window_factor=st.floats(0.2, 5.0),
+    mean_factor=st.floats(0.2, 5.0),
+    span_windows=st.floats(0.0, 3.0),
+)
+def test_the_lead_is_the_mean_exactly_where_the_rule_says(
+    window_factor: float, mean_factor: float, span_windows: float
+) -> None:
+    """Whatever the two fits say: the mean leads only once it spans an evaluation window,
+    when the window's fit puts the applied knobs' capacity more than the agreement tolerance
+    from the mean's and the mean's prediction agrees with the window; the prediction decide()
+    goes on with is the lead's; the second is the other fit, and there is none before the
+    mean spans a window."""
+    policy = make_policy()
+    model = SharedModel()
+    base = make_snapshot(KNOBS, rate=4.0)
+    workload = Workload.from_snapshot(base, policy.slo, policy.safety_margin)
+    true = model.calibrate(base, KNOBS, CTX, workload, None)
+    p = model.predict(KNOBS, workload, true)
+    snap = make_snapshot(KNOBS, rate=4.0, ttft_p95=p.ttft_ms, itl_p95=p.itl_ms)
+    cal = replace(true, compute=true.compute * window_factor)
+    span = span_windows * policy.evaluation_window_s
+    mean = ParamMean(
+        true.bandwidth, true.compute * mean_factor, true.admit_s, true.jitter, 1000.0 + span,
+        1000.0,
+    )  # fmt: skip
+    fits, current = _fits(model, snap, KNOBS, workload, cal, mean, policy)
+    by_window = model.predict(KNOBS, workload, cal)
+    by_mean = model.predict(KNOBS, workload, mean.calibration(cal))
+    assert current == model.predict(KNOBS, workload, fits.lead)
+    if span_windows < 1.0:
+        assert not fits.mean_leads and fits.second is None and fits.lead == cal
+        return
+    cw, cm = by_window.capacity_rps, by_mean.capacity_rps
+    strays = (cw > 0) != (cm > 0) or (
+        cw > 0 and cm > 0 and abs(math.log(cw / cm)) > AGREEMENT_TOLERANCE
+    )
+    expected = strays and prediction_agrees(snap, policy.slo, by_mean)
+    assert fits.mean_leads == expected
+    assert (fits.lead, fits.second) == (
+        (mean.calibration(cal), cal) if expected else (cal, mean.calibration(cal))
+    )
