@@ -10,10 +10,8 @@ here, in one place, so the property tests can hold decide() to the safety rules.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from functools import partial
 
 from vllm_autotuner.core.arrival_pool import ArrivalPool, pooled, stored_pool
 from vllm_autotuner.core.autoscaling import scale_wait
@@ -869,7 +867,7 @@ def _steady(
     workload = _workload(snap, policy, policy.safety_margin, pool)
     cal = model.calibrate(snap, applied, ctx, workload, _prior(state))
     mean = updated(state.calibration, cal, now.timestamp(), policy.evaluation_window_s)
-    fits, current = _fits(model, snap, applied, workload, cal, mean, policy)
+    fits, current, second = _fits(model, snap, applied, workload, cal, mean, policy)
     lead = fits.lead
     rate = snap.per_pod_rate()
     check = ModelCheck(
@@ -888,7 +886,7 @@ def _steady(
         check,
         current,
         policy,
-        partial(_second_prediction, model, applied, workload, fits.second),
+        second,
     )
     stored = {
         **cal.to_dict(),
@@ -1057,25 +1055,26 @@ def _fits(
     cal: Calibration,
     mean: ParamMean | None,
     policy: TuningPolicy,
-) -> tuple[Fits, Prediction]:
+) -> tuple[Fits, Prediction, Prediction | None]:
     """This window's fit (`cal`) and the recent windows' mean, and the applied knobs'
-    prediction at the lead of the two (`Fits`). The mean has a word once it spans an
-    evaluation window. It leads when this window's fit strays from it, predicting the
-    applied knobs' capacity more than the model's agreement tolerance away from the mean's,
-    and the mean still explains this window (`prediction_agrees`): windows at the same knobs
-    measure the same engine, and one window's fit can stray far from it where the window
-    holds few requests (`calibration_mean`). Otherwise this window's fit leads: the mean
-    follows a trend of the fits (on bursty-8b-h100 the first windows of the run fit a slower
-    engine than the later ones) a window behind."""
+    predictions at the lead of the two (`Fits`) and at the second (None: none). The mean
+    has a word once it spans an evaluation window. It leads when this window's fit strays
+    from it, predicting the applied knobs' capacity more than the model's agreement
+    tolerance away from the mean's, and the mean still explains this window
+    (`prediction_agrees`): windows at the same knobs measure the same engine, and one
+    window's fit can stray far from it where the window holds few requests
+    (`calibration_mean`). Otherwise this window's fit leads: the mean follows a trend of the
+    fits (on bursty-8b-h100 the first windows of the run fit a slower engine than the later
+    ones) a window behind."""
     by_window = model.predict(applied, workload, cal)
     if mean is None or not mean.spans(policy.evaluation_window_s):
-        return Fits(cal, None), by_window
+        return Fits(cal, None), by_window, None
     fits = Fits(cal, mean, mean_leads=True)
     by_mean = model.predict(applied, workload, fits.lead)
     strays = _apart(by_window.capacity_rps, by_mean.capacity_rps) > AGREEMENT_TOLERANCE
     if strays and prediction_agrees(snap, policy.slo, by_mean):
-        return fits, by_mean
-    return Fits(cal, mean), by_window
+        return fits, by_mean, by_window
+    return Fits(cal, mean), by_window, by_mean
 
 
 def _apart(a: float, b: float) -> float:
@@ -1299,12 +1298,12 @@ def _with_model_violations(
     check: ModelCheck,
     current: Prediction,
     policy: TuningPolicy,
-    second_prediction: Callable[[], Prediction | None],
+    second: Prediction | None,
 ) -> Diagnosis:
     """A violation the histogram cannot confirm (the threshold inside a wide bucket) counts
     when a trusted model predicts it at the measured load (`current`, the lead fit's) and
-    the second fit does too (`second_prediction`, asked only when the lead predicts one;
-    None: no second fit, `Fits`).
+    the second fit does too (`second`, its prediction at the same knobs and load; None: no
+    second fit, `Fits`).
 
     One window's fit alone is not enough where its data are few: a held-out 32B RAG
     deployment at 0.13 req/s/pod fitted compute 0.45 in one window and 1.05 in the window
@@ -1314,11 +1313,9 @@ def _with_model_violations(
     if diag.violates_slo or diag.kind == "idle" or not check.trusted:
         return diag
     found = _over_thresholds(current, policy.slo)
-    if found:
-        second = second_prediction()
-        if second is not None:
-            confirmed = {metric for metric, _, _ in _over_thresholds(second, policy.slo)}
-            found = tuple(f for f in found if f[0] in confirmed)
+    if found and second is not None:
+        confirmed = {metric for metric, _, _ in _over_thresholds(second, policy.slo)}
+        found = tuple(f for f in found if f[0] in confirmed)
     if not found:
         return diag
     text = "; ".join(
@@ -1337,13 +1334,6 @@ def _over_thresholds(pred: Prediction, slo: SLO) -> tuple[tuple[str, float, floa
         for metric, t in slo.targets()
         if pred.latency_ms(metric) > t.threshold_ms
     )
-
-
-def _second_prediction(
-    model: PerformanceModel, applied: Knobs, workload: Workload, second: Calibration | None
-) -> Prediction | None:
-    """The applied knobs at this window's load under the second fit (None: none, `Fits`)."""
-    return None if second is None else model.predict(applied, workload, second)
 
 
 def _with_peak(state: TuningState, rate: float, now: datetime) -> TuningState:

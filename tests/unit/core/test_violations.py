@@ -28,17 +28,18 @@ from hypothesis import strategies as st
 from tests.unit.core.shared_model import SharedModel
 from tests.unit.core.test_decide import CTX, KNOBS, make_policy, make_snapshot
 from vllm_autotuner.core.calibration_mean import ParamMean
-from vllm_autotuner.core.decide import _fits, _second_prediction, _with_model_violations
+from vllm_autotuner.core.decide import _fits, _with_model_violations
 from vllm_autotuner.core.diagnosis import Diagnosis, slo_violations
 from vllm_autotuner.core.perf_model import (
     AGREEMENT_TOLERANCE,
+    Calibration,
     Prediction,
     Workload,
     prediction_agrees,
 )
 from vllm_autotuner.core.rollout import REGRESSION_TOLERANCE, judge_before_after, worst_ratio
 from vllm_autotuner.core.snapshot import LatencySummary, Snapshot, histogram_quantile
-from vllm_autotuner.core.tuning_types import SLO, ModelCheck, SLOTarget
+from vllm_autotuner.core.tuning_types import SLO, ModelCheck, SLOTarget, TuningPolicy
 from vllm_sim.metrics import ITL_BUCKETS
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -152,7 +153,7 @@ def test_a_violation_the_buckets_cannot_confirm_counts_only_from_a_trusted_model
     diag: Diagnosis, check: ModelCheck, itl_ms: float, added: bool
 ) -> None:
     policy = make_policy()
-    out = _with_model_violations(diag, check, _prediction(itl_ms), policy, lambda: None)
+    out = _with_model_violations(diag, check, _prediction(itl_ms), policy, None)
     assert out.violates_slo == added
     if added:
         assert out.violations == (("itl", itl_ms, 50.0),)
@@ -166,7 +167,7 @@ def test_a_confirmed_violation_is_kept_as_measured() -> None:
         "decode_latency_bound", "ITL p95 80 ms > 50 ms", violations=(("itl", 80.0, 50.0),)
     )
     out = _with_model_violations(
-        measured, _check(0.01, True), _prediction(10.0), make_policy(), lambda: None
+        measured, _check(0.01, True), _prediction(10.0), make_policy(), None
     )
     assert out == measured
 
@@ -178,24 +179,19 @@ def test_a_model_violation_needs_the_second_fit_too(second_itl_ms: float, added:
     healthy = Diagnosis("healthy", "SLO met")
     out = _with_model_violations(
         healthy, _check(0.01, True), _prediction(60.0), make_policy(),
-        lambda: _prediction(second_itl_ms),
+        _prediction(second_itl_ms),
     )  # fmt: skip
     assert out.violates_slo == added
     assert out == healthy or out.violations == (("itl", 60.0, 50.0),)
 
 
-def test_the_second_fit_is_asked_only_for_a_predicted_violation() -> None:
-    asked: list[bool] = []
-
-    def second() -> Prediction:
-        asked.append(True)
-        return _prediction(70.0)
-
+def test_the_second_fit_alone_adds_no_violation() -> None:
+    """The lead puts ITL at 45 ms < 50 ms: the second fit's 70 ms adds nothing."""
     healthy = Diagnosis("healthy", "SLO met")
     out = _with_model_violations(
-        healthy, _check(0.01, True), _prediction(45.0), make_policy(), second
+        healthy, _check(0.01, True), _prediction(45.0), make_policy(), _prediction(70.0)
     )
-    assert out == healthy and asked == []
+    assert out == healthy
 
 
 # --------------------------------------------------------------------- before/after verdict
@@ -246,22 +242,14 @@ def test_the_mean_leads_where_the_window_strays_and_the_mean_explains_it(
     window's fit then seconds it. Otherwise the window's fit leads and the mean seconds it.
     The window here measures what a fit of compute `c` predicts; the window's fit says
     c / `window_slower`, the mean c / `mean_slower`."""
-    policy = make_policy()
-    model = SharedModel()
-    base = make_snapshot(KNOBS, rate=4.0)
-    workload = Workload.from_snapshot(base, policy.slo, policy.safety_margin)
-    true = replace(model.calibrate(base, KNOBS, CTX, workload, None), kv_scale=0.9)
-    p = model.predict(KNOBS, workload, true)
-    snap = make_snapshot(KNOBS, rate=4.0, ttft_p95=p.ttft_ms, itl_p95=p.itl_ms)
-    assert Workload.from_snapshot(snap, policy.slo, policy.safety_margin) == workload
+    policy, model, workload, true, snap = _explained_window(kv_scale=0.9)
     cal = replace(true, compute=true.compute / window_slower)
     span = span_windows * policy.evaluation_window_s
     compute = true.compute / mean_slower
     mean = ParamMean(true.bandwidth, compute, true.admit_s, true.jitter, 1000.0 + span, 1000.0)
-    fits, current = _fits(model, snap, KNOBS, workload, cal, mean, policy)
+    fits, current, second = _fits(model, snap, KNOBS, workload, cal, mean, policy)
     assert fits.mean_leads == mean_leads
     assert current == model.predict(KNOBS, workload, fits.lead)
-    second = _second_prediction(model, KNOBS, workload, fits.second)
     by_mean = model.predict(KNOBS, workload, mean.calibration(cal))
     by_window = model.predict(KNOBS, workload, cal)
     apart = abs(math.log(by_window.capacity_rps / by_mean.capacity_rps))
@@ -275,6 +263,26 @@ def test_the_mean_leads_where_the_window_strays_and_the_mean_explains_it(
     else:
         assert fits.lead == cal and fits.second == mean.calibration(cal)
         assert apart <= AGREEMENT_TOLERANCE or not prediction_agrees(snap, policy.slo, by_mean)
+        assert second == by_mean
+
+
+def _explained_window(
+    kv_scale: float | None = None,
+) -> tuple[TuningPolicy, SharedModel, Workload, Calibration, Snapshot]:
+    """A fit of the decide tests' window (its KV scale set to `kv_scale`, when given) and a
+    window that measures exactly the TTFT and ITL that fit predicts for the applied knobs, at
+    the same workload."""
+    policy = make_policy()
+    model = SharedModel()
+    base = make_snapshot(KNOBS, rate=4.0)
+    workload = Workload.from_snapshot(base, policy.slo, policy.safety_margin)
+    true = model.calibrate(base, KNOBS, CTX, workload, None)
+    if kv_scale is not None:
+        true = replace(true, kv_scale=kv_scale)
+    p = model.predict(KNOBS, workload, true)
+    snap = make_snapshot(KNOBS, rate=4.0, ttft_p95=p.ttft_ms, itl_p95=p.itl_ms)
+    assert Workload.from_snapshot(snap, policy.slo, policy.safety_margin) == workload
+    return policy, model, workload, true, snap
 
 
 @settings(max_examples=15, deadline=None)
@@ -291,25 +299,20 @@ def test_the_lead_is_the_mean_exactly_where_the_rule_says(
     from the mean's and the mean's prediction agrees with the window; the prediction decide()
     goes on with is the lead's; the second is the other fit, and there is none before the
     mean spans a window."""
-    policy = make_policy()
-    model = SharedModel()
-    base = make_snapshot(KNOBS, rate=4.0)
-    workload = Workload.from_snapshot(base, policy.slo, policy.safety_margin)
-    true = model.calibrate(base, KNOBS, CTX, workload, None)
-    p = model.predict(KNOBS, workload, true)
-    snap = make_snapshot(KNOBS, rate=4.0, ttft_p95=p.ttft_ms, itl_p95=p.itl_ms)
+    policy, model, workload, true, snap = _explained_window()
     cal = replace(true, compute=true.compute * window_factor)
     span = span_windows * policy.evaluation_window_s
     mean = ParamMean(
         true.bandwidth, true.compute * mean_factor, true.admit_s, true.jitter, 1000.0 + span,
         1000.0,
     )  # fmt: skip
-    fits, current = _fits(model, snap, KNOBS, workload, cal, mean, policy)
+    fits, current, second = _fits(model, snap, KNOBS, workload, cal, mean, policy)
     by_window = model.predict(KNOBS, workload, cal)
     by_mean = model.predict(KNOBS, workload, mean.calibration(cal))
     assert current == model.predict(KNOBS, workload, fits.lead)
     if span_windows < 1.0:
         assert not fits.mean_leads and fits.second is None and fits.lead == cal
+        assert second is None
         return
     cw, cm = by_window.capacity_rps, by_mean.capacity_rps
     strays = (cw > 0) != (cm > 0) or (
@@ -320,3 +323,4 @@ def test_the_lead_is_the_mean_exactly_where_the_rule_says(
     assert (fits.lead, fits.second) == (
         (mean.calibration(cal), cal) if expected else (cal, mean.calibration(cal))
     )
+    assert second == (by_window if expected else by_mean)
