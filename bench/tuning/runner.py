@@ -99,6 +99,11 @@ def _knobs(k: Knobs) -> dict[str, Any]:
     return k.to_dict()
 
 
+def _ratio(value: float, base: float) -> float | None:
+    """value / base to four decimals (None without a positive base)."""
+    return round(value / base, 4) if base > 0 else None
+
+
 def run_scenario(
     path: str,
     methods: Sequence[str] = ALL_METHODS,
@@ -191,16 +196,12 @@ def run_scenario(
         rows[name] = {
             "final": _knobs(tu.final),
             "capacity": round(cap, 3),
-            "ratio": round(cap / oracle_cap, 4) if oracle_cap > 0 else None,
+            "ratio": _ratio(cap, oracle_cap),
             "goodput": round(live.goodput, 3),
-            "goodput_vs_defaults": (
-                round(live.goodput / base_goodput, 4) if base_goodput > 0 else None
-            ),
+            "goodput_vs_defaults": _ratio(live.goodput, base_goodput),
             "arrivals": live.arrivals,
             "gpu_hours": round(live.gpu_hours, 3),
-            "gpu_hours_vs_defaults": (
-                round(live.gpu_hours / base_gpu_hours, 4) if base_gpu_hours > 0 else None
-            ),
+            "gpu_hours_vs_defaults": _ratio(live.gpu_hours, base_gpu_hours),
             "trials": len(tu.trials),
             "tuning_minutes": round(tu.tuning_s / 60.0, 1),
             "violation_minutes": live.violation_minutes,
