@@ -86,6 +86,7 @@ from vllm_autotuner.core.tuning_types import (
     Commands,
     DeploymentContext,
     Knobs,
+    PodHealth,
     RolloutSettings,
     TuningPolicy,
     TuningState,
@@ -670,26 +671,9 @@ class Controller:
             )
         policy = tuning_policy(resolution, policy_spec)
         ctx = deployment_context(spec, observed_load_time(pods), view.replicas)
-        state = _state_from_status(previous_tuning) or TuningState.initial(start.knobs)
-        adopted = adopt_unrecorded(state, live, policy, now)
-        adoption: list[Event] = []
-        if adopted is not None:
-            state = adopted
-            adoption.append(
-                Event(
-                    "Warning",
-                    "RolloutAdopted",
-                    f"the Deployment runs {render.knob_label(adopted.applied)}, a rollout that "
-                    f"was applied but not recorded (operator restart?); verifying it as trial "
-                    f"{adopted.next_trial_id() - 1} instead of reverting it",
-                )
-            )
-        handled: tuple[str, ...] = ()
-        if commands.retry_requested:
-            state, note = forget_latest_block(state)
-            self._searches.pop(key, None)  # the memo's search excluded what is now allowed
-            handled = ("retry",)
-            adoption.append(Event("Normal", "RetryRequested", note))
+        state, adoption, handled = self._state_to_tune(
+            key, previous_tuning, start, live, policy, now, commands
+        )
         health = tuple(pod_health(p) for p in pods)
         snapshot = self.observer.latest(key, policy.evaluation_window_s)
         if snapshot.available:
@@ -699,28 +683,14 @@ class Controller:
             if canary_running(state)
             else None
         )
-        model = self.model_for(key, ctx)
         scaling = track(view.scaling, ctx.replicas, serving, topology(state, ctx).pods, now)
         observation = Observation(snapshot, health, canary_snapshot, scaling)
-        origin = start.knobs
-        memo = self._searches.get(key)
-        # A calibration and a search take tens to hundreds of ms of CPU (the engine model
-        # seconds): off the event loop, so the other deployments' reconciles are not held up.
-        by_hand: Decision | None = None
-        for command, wanted in (
-            ("abort", commands.abort_requested),
-            ("promote", commands.promote_requested),
-        ):
-            if wanted and by_hand is None and policy.mode == "Auto":
-                by_hand = canary_command(state, command, policy, now)
-                if by_hand is not None:
-                    handled = (*handled, command)
-        decision = by_hand
-        if decision is None:
-            lane = self._reuse_pool if reuses(memo, now, policy) else self._decide_pool
-            decision = await asyncio.get_running_loop().run_in_executor(
-                lane, partial(decide, state, observation, policy, ctx, now, model, origin, memo)
-            )
+        by_hand = _by_hand(state, policy, now, commands)
+        if by_hand is not None:
+            decision, command = by_hand
+            handled = (*handled, command)
+        else:
+            decision = await self._decide(key, state, observation, policy, ctx, now, start)
         if decision.search_memo is not None:
             self._searches[key] = decision.search_memo
         if commands.paused:
@@ -734,31 +704,9 @@ class Controller:
         # rollout the API server refused must not turn the next window into one of a revision
         # that never ran ("no ready pods").
         observe = partial(self._want_snapshots, key, spec, policy, pods, topo, new, scaling)
-        if self.metrics is not None:
-            self.metrics.set_slo_targets(
-                namespace,
-                name,
-                [(m, t.percentile, t.threshold_ms) for m, t in policy.slo.targets()],
-            )
-            self._publish_capacity(namespace, name, new, topo, snapshot, policy.slo)
-            self.metrics.decisions.labels(namespace, name, decision.action).inc()
-            if decision.action == "rollout":
-                self.metrics.rollouts.labels(namespace, name).inc()
-            if decision.action == "rollback":
-                self.metrics.rollbacks.labels(namespace, name).inc()
+        self._record(namespace, name, policy, new, topo, snapshot, decision)
         in_trial = new.phase in ("RollingOut", "Verifying", "Promoting")
-        invalid = defect(snapshot, policy.slo.targets())
-        if invalid is not None:
-            # Present but unusable data is reported, and otherwise treated, as no data.
-            metrics_cond = ConditionUpdate("MetricsAvailable", "False", "MetricsInvalid", invalid)
-            snapshot = Snapshot.unavailable(snapshot.time, snapshot.window_s, invalid)
-        elif snapshot.available:
-            metrics_cond = ConditionUpdate(
-                "MetricsAvailable", "True", "MetricsFresh", "Prometheus answers for this revision"
-            )
-        else:
-            why = "WaitingForRevision" if snapshot.warming_up else "MetricsUnavailable"
-            metrics_cond = ConditionUpdate("MetricsAvailable", "False", why, snapshot.reason)
+        snapshot, metrics_cond = _metrics_condition(snapshot, policy)
         updates = [
             ConditionUpdate(
                 "Tuning",
@@ -769,20 +717,7 @@ class Controller:
             metrics_cond,
             _slo_condition(snapshot, policy.slo),
         ]
-        crash_looping = sorted(
-            h.name
-            for h in health
-            if h.waiting_reason == "CrashLoopBackOff" and knobs.same_as(h.revision_knobs)
-        )
-        degraded = None
-        if crash_looping:
-            degraded = ConditionUpdate(
-                "Degraded",
-                "True",
-                "CrashLoopBackOff",
-                f"pods {', '.join(crash_looping)} of the applied configuration "
-                f"({render.knob_label(knobs)}) are crash-looping",
-            )
+        degraded = _crash_looping(health, knobs)
         met = _slo_met(snapshot, policy.slo)
         return Tuned(
             knobs=knobs,
@@ -798,6 +733,87 @@ class Controller:
             state=new,
             observe=observe,
         )
+
+    def _state_to_tune(
+        self,
+        key: tuple[str, str],
+        previous_tuning: Mapping[str, Any],
+        start: StartingPoint,
+        live: Knobs | None,
+        policy: TuningPolicy,
+        now: datetime,
+        commands: Commands,
+    ) -> tuple[TuningState, list[Event], tuple[str, ...]]:
+        """The tuner's state from status (or a fresh one at the starting point), having
+        adopted a rollout that was applied but not recorded and forgotten the latest block
+        on a retry request; the events that say so, and the commands handled."""
+        state = _state_from_status(previous_tuning) or TuningState.initial(start.knobs)
+        adopted = adopt_unrecorded(state, live, policy, now)
+        events: list[Event] = []
+        if adopted is not None:
+            state = adopted
+            events.append(
+                Event(
+                    "Warning",
+                    "RolloutAdopted",
+                    f"the Deployment runs {render.knob_label(adopted.applied)}, a rollout that "
+                    f"was applied but not recorded (operator restart?); verifying it as trial "
+                    f"{adopted.next_trial_id() - 1} instead of reverting it",
+                )
+            )
+        handled: tuple[str, ...] = ()
+        if commands.retry_requested:
+            state, note = forget_latest_block(state)
+            self._searches.pop(key, None)  # the memo's search excluded what is now allowed
+            handled = ("retry",)
+            events.append(Event("Normal", "RetryRequested", note))
+        return state, events, handled
+
+    async def _decide(
+        self,
+        key: tuple[str, str],
+        state: TuningState,
+        observation: Observation,
+        policy: TuningPolicy,
+        ctx: DeploymentContext,
+        now: datetime,
+        start: StartingPoint,
+    ) -> Decision:
+        """decide(), with the deployment's model and remembered search. A calibration and a
+        search take tens to hundreds of ms of CPU (the engine model seconds): off the event
+        loop, so the other deployments' reconciles are not held up."""
+        model = self.model_for(key, ctx)
+        memo = self._searches.get(key)
+        lane = self._reuse_pool if reuses(memo, now, policy) else self._decide_pool
+        return await asyncio.get_running_loop().run_in_executor(
+            lane, partial(decide, state, observation, policy, ctx, now, model, start.knobs, memo)
+        )
+
+    def _record(
+        self,
+        namespace: str,
+        name: str,
+        policy: TuningPolicy,
+        state: TuningState,
+        topo: Topology,
+        snapshot: Snapshot,
+        decision: Decision,
+    ) -> None:
+        """The operator's metrics for one decision: SLO targets, capacity, and counts of
+        decisions, rollouts and rollbacks."""
+        if self.metrics is None:
+            return
+        self.metrics.set_slo_targets(
+            namespace,
+            name,
+            [(m, t.percentile, t.threshold_ms) for m, t in policy.slo.targets()],
+        )
+        self._publish_capacity(namespace, name, state, topo, snapshot, policy.slo)
+        self.metrics.decisions.labels(namespace, name, decision.action).inc()
+        if decision.action == "rollout":
+            self.metrics.rollouts.labels(namespace, name).inc()
+        if decision.action == "rollback":
+            self.metrics.rollbacks.labels(namespace, name).inc()
 
     def _publish_capacity(
         self,
@@ -1234,6 +1250,58 @@ def _slo_met(snapshot: Snapshot, slo: SLO) -> bool | None:
         if value is not None:
             verdicts.append(value <= target.threshold_ms)
     return all(verdicts) if verdicts else None
+
+
+def _by_hand(
+    state: TuningState, policy: TuningPolicy, now: datetime, commands: Commands
+) -> tuple[Decision, str] | None:
+    """The canary command asked for by hand (abort before promote) that applies now, in mode
+    Auto, and its name; None: none does."""
+    if policy.mode != "Auto":
+        return None
+    for command, wanted in (
+        ("abort", commands.abort_requested),
+        ("promote", commands.promote_requested),
+    ):
+        decision = canary_command(state, command, policy, now) if wanted else None
+        if decision is not None:
+            return decision, command
+    return None
+
+
+def _metrics_condition(
+    snapshot: Snapshot, policy: TuningPolicy
+) -> tuple[Snapshot, ConditionUpdate]:
+    """The MetricsAvailable condition, and the window as the rest of status treats it:
+    present but unusable data is reported, and otherwise treated, as no data."""
+    invalid = defect(snapshot, policy.slo.targets())
+    if invalid is not None:
+        unusable = Snapshot.unavailable(snapshot.time, snapshot.window_s, invalid)
+        return unusable, ConditionUpdate("MetricsAvailable", "False", "MetricsInvalid", invalid)
+    if snapshot.available:
+        return snapshot, ConditionUpdate(
+            "MetricsAvailable", "True", "MetricsFresh", "Prometheus answers for this revision"
+        )
+    why = "WaitingForRevision" if snapshot.warming_up else "MetricsUnavailable"
+    return snapshot, ConditionUpdate("MetricsAvailable", "False", why, snapshot.reason)
+
+
+def _crash_looping(health: Sequence[PodHealth], knobs: Knobs) -> ConditionUpdate | None:
+    """Degraded, when pods of the applied configuration are crash-looping."""
+    looping = sorted(
+        h.name
+        for h in health
+        if h.waiting_reason == "CrashLoopBackOff" and knobs.same_as(h.revision_knobs)
+    )
+    if not looping:
+        return None
+    return ConditionUpdate(
+        "Degraded",
+        "True",
+        "CrashLoopBackOff",
+        f"pods {', '.join(looping)} of the applied configuration "
+        f"({render.knob_label(knobs)}) are crash-looping",
+    )
 
 
 def _slo_condition(snapshot: Snapshot, slo: SLO) -> ConditionUpdate:
