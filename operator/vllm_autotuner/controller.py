@@ -374,9 +374,52 @@ class Controller:
         outcome.events.extend(tuned.events)
         outcome.events.extend(pause_transition(previous, commands))
         outcome.events.extend(metrics_transition(previous, tuned.updates))
-
         owner = render.Owner(name=name, namespace=namespace, uid=str(meta["uid"]))
         topo = tuned.topology or Topology(knobs, spec.replicas)
+        refused = await self._roll_children(
+            owner, spec, tuned, topo, children, previous, owner_kind, generation, now, outcome
+        )
+        fields.update(_tuned_fields(previous, commands, pending, tuned, start, topo, owner_kind))
+        tuning = fields["tuning"]
+        degraded = (
+            refused or tuned.degraded or ConditionUpdate("Degraded", "False", "AsExpected", "")
+        )
+        if refused is not None and previous_reason(previous, "Degraded") != refused.reason:
+            outcome.events.append(Event("Warning", refused.reason, refused.message))
+        updates += [
+            ConditionUpdate("PolicyResolved", "True", resolution.reason, resolution.message),
+            degraded,
+            *tuned.updates,
+            readiness(child),
+        ]
+        if self.metrics is not None:
+            self.metrics.set_knobs(namespace, name, dict(knobs.to_dict()))
+            self.metrics.set_phase(namespace, name, str(tuning.get("phase", "Idle")))
+            self.metrics.set_slo_met(namespace, name, tuned.slo_met)
+        await self._write_status(
+            namespace, name, previous, generation, now, updates, fields, outcome
+        )
+        return outcome
+
+    async def _roll_children(
+        self,
+        owner: render.Owner,
+        spec: VLLMDeploymentSpec,
+        tuned: Tuned,
+        topo: Topology,
+        children: Mapping[str, Mapping[str, Any] | None],
+        previous: Mapping[str, Any],
+        owner_kind: Owner,
+        generation: Any,
+        now: datetime,
+        outcome: Outcome,
+    ) -> ConditionUpdate | None:
+        """Render the children for the tuned knobs and topology and apply them (removing a
+        canary no longer wanted, and leaving the replica count to an autoscaler that owns
+        it); then tell the observer what to read next. The Degraded condition an apply the
+        API server refused sets (None: none was refused)."""
+        namespace, name = owner.namespace, owner.name
+        knobs = tuned.knobs
         desired = {
             "Deployment": render.render_deployment(spec, knobs, owner, topo.stable_replicas),
             "Service": render.render_service(spec, owner),
@@ -406,49 +449,7 @@ class Controller:
                     previous,
                 )
             )
-
-        if commands.paused or "paused" in previous:  # a null only clears a pause that was set
-            fields["paused"] = True if commands.paused else None
-        if tuned.handled:
-            done = {name: pending[name] for name in tuned.handled}
-            fields["handledRequests"] = {**(previous.get("handledRequests") or {}), **done}
-        tuning = keep_stamp(tuned.tuning, previous_tuning, "lastDecision", "time")
-        tuning = keep_stamp(tuning, previous_tuning, "model", "time")
-        if start.notes:
-            tuning["startNote"] = start.notes[-1]
-        fields["tuning"] = tuning
-        if tuned.scaling is not None:
-            fields["scaling"] = scaling_to_status(tuned.scaling, owner_kind)
-        capacity = published_capacity(tuned.state, topo) if tuned.state is not None else None
-        fields["capacity"] = keep_stamp(
-            {"_": None if capacity is None else capacity.to_status()},
-            {"_": previous.get("capacity")},
-            "_",
-            "time",
-        )["_"]
-        if tuned.observed is not None:
-            fields["observed"] = keep_stamp(
-                {"_": tuned.observed}, {"_": previous.get("observed")}, "_", "time"
-            )["_"]
-        degraded = (
-            refused or tuned.degraded or ConditionUpdate("Degraded", "False", "AsExpected", "")
-        )
-        if refused is not None and previous_reason(previous, "Degraded") != refused.reason:
-            outcome.events.append(Event("Warning", refused.reason, refused.message))
-        updates += [
-            ConditionUpdate("PolicyResolved", "True", resolution.reason, resolution.message),
-            degraded,
-            *tuned.updates,
-            readiness(child),
-        ]
-        if self.metrics is not None:
-            self.metrics.set_knobs(namespace, name, dict(knobs.to_dict()))
-            self.metrics.set_phase(namespace, name, str(tuning.get("phase", "Idle")))
-            self.metrics.set_slo_met(namespace, name, tuned.slo_met)
-        await self._write_status(
-            namespace, name, previous, generation, now, updates, fields, outcome
-        )
-        return outcome
+        return refused
 
     async def _release_replicas(
         self, owner: render.Owner, live: Mapping[str, Any] | None, previous_owner: Any
@@ -1250,6 +1251,46 @@ def _slo_met(snapshot: Snapshot, slo: SLO) -> bool | None:
         if value is not None:
             verdicts.append(value <= target.threshold_ms)
     return all(verdicts) if verdicts else None
+
+
+def _tuned_fields(
+    previous: Mapping[str, Any],
+    commands: Commands,
+    pending: Mapping[str, Any],
+    tuned: Tuned,
+    start: StartingPoint,
+    topo: Topology,
+    owner_kind: Owner,
+) -> dict[str, Any]:
+    """The status fields one tuning step sets: the pause, the requests handled, the tuner's
+    state (with the time stamps of an unchanged decision and model check kept), the replica
+    count's motion, the published capacity and the observed window."""
+    fields: dict[str, Any] = {}
+    if commands.paused or "paused" in previous:  # a null only clears a pause that was set
+        fields["paused"] = True if commands.paused else None
+    if tuned.handled:
+        done = {name: pending[name] for name in tuned.handled}
+        fields["handledRequests"] = {**(previous.get("handledRequests") or {}), **done}
+    previous_tuning = dict(previous.get("tuning") or {})
+    tuning = keep_stamp(tuned.tuning, previous_tuning, "lastDecision", "time")
+    tuning = keep_stamp(tuning, previous_tuning, "model", "time")
+    if start.notes:
+        tuning["startNote"] = start.notes[-1]
+    fields["tuning"] = tuning
+    if tuned.scaling is not None:
+        fields["scaling"] = scaling_to_status(tuned.scaling, owner_kind)
+    capacity = published_capacity(tuned.state, topo) if tuned.state is not None else None
+    fields["capacity"] = keep_stamp(
+        {"_": None if capacity is None else capacity.to_status()},
+        {"_": previous.get("capacity")},
+        "_",
+        "time",
+    )["_"]
+    if tuned.observed is not None:
+        fields["observed"] = keep_stamp(
+            {"_": tuned.observed}, {"_": previous.get("observed")}, "_", "time"
+        )["_"]
+    return fields
 
 
 def _by_hand(
