@@ -842,8 +842,105 @@ def _steady(
     origin: Knobs | None = None,
     memo: SearchMemo | None = None,
 ) -> Decision:
+    """No trial runs: read the window, and propose, recommend or roll out what it supports."""
+    stop = _cannot_tune(state, obs, policy, now, origin)
+    if stop is not None:
+        return stop
+    w = _assess(state, obs.snapshot, policy, ctx, now, model)
+    early = _no_search(w.snap, policy, w.diag)
+    if early is not None:
+        phase, text = early
+        return _done(
+            replace(w.state, phase=phase, recommendation=None, headroom_wait_since=None),
+            now,
+            "hold",
+            text,
+            diagnosis=w.diag,
+            prediction=w.current,
+            predictions=w.seen(),
+        )
+    inputs = SearchInputs.of(state.applied, policy, w.diag, state)
+    lead = w.fits.lead
+    if memo is not None and _memo_answers(memo, inputs, w.workload, lead, now, policy):
+        res, conclusion = memo.result, memo.conclusion
+    else:
+        res, conclusion = _conclude(state, policy, w.diag, model, w.workload, lead, w.check.trusted)
+        memo = SearchMemo(now, inputs, w.workload, lead, res, conclusion)
+    summary = f"{w.diag.kind}: {w.diag.evidence}; {conclusion}"
+    if not res.worth_rollout or res.best is None or res.prediction is None:
+        return _done(
+            replace(
+                w.state,
+                phase="Observing",
+                recommendation=None,
+                headroom_wait_since=_wait(w.state, w.diag),
+            ),
+            now,
+            "hold",
+            summary,
+            diagnosis=w.diag,
+            prediction=res.prediction or w.current,
+            memo=memo,
+            predictions=w.seen(),
+        )
+    prop, memo = _robust_proposal(w, res.best, res.prediction, summary, state, policy, model, memo)
+    seen = w.seen(prop)
+    if prop.robust.binds and prop.pred.capacity_rps <= w.current.capacity_rps:
+        holder = (
+            w.fits.second_name()
+            if prop.robust.second_binds
+            else f"the fit at a {ADMIT_BOUND_S * 1000:.0f} ms admission cost"
+        )
+        text = f"{prop.summary}; not rolled out: no gain that holds at {holder}"
+        s = replace(w.state, recommendation=None)
+        return _hold_observing(s, now, text, w.diag, prop.pred, memo, seen)
+    return _act(w, prop, res.gain_pct, policy, ctx, now, model, memo)
+
+
+@dataclass(frozen=True)
+class _Window:
+    """What one evaluation window says about the applied knobs, for `_steady`: the state that
+    remembers it (calibration, model check, peak rate, baseline), the workload, both fits
+    (`Fits`), the applied knobs' prediction at the lead fit, the model check and the diagnosis
+    with the model's violations, and the per-pod rate."""
+
+    state: TuningState
+    snap: Snapshot
+    workload: Workload
+    fits: Fits
+    current: Prediction
+    check: ModelCheck
+    diag: Diagnosis
+    rate: float
+
+    def seen(self, proposal: _Proposal | None = None) -> tuple[tuple[Knobs, Prediction], ...]:
+        """The predictions a decision publishes: the applied knobs', then the proposal's."""
+        applied = ((self.state.applied, self.current),)
+        return applied if proposal is None else (*applied, (proposal.best, proposal.pred))
+
+
+@dataclass(frozen=True)
+class _Proposal:
+    """The candidate a search chose, at the capacity every fit predicts for it (`pred`, by
+    its `robust` gain), and the reason that says so."""
+
+    best: Knobs
+    pred: Prediction
+    robust: RobustGain
+    summary: str
+
+
+def _cannot_tune(
+    state: TuningState,
+    obs: Observation,
+    policy: TuningPolicy,
+    now: datetime,
+    origin: Knobs | None,
+) -> Decision | None:
+    """The decision when the applied knobs cannot be tuned from this window: their pods
+    fail (fall back to the previous good configuration, or hold), they are outside the
+    policy's bounds (move into them), or the window cannot be used; None: tune."""
     applied = state.applied
-    snap = obs.snapshot
     failing = pod_failure(obs.pods, applied)
     fallback = _previous_good(state, origin) if policy.mode == "Auto" else None
     if failing is not None and fallback is not None:
@@ -859,16 +956,30 @@ def _steady(
         )
     if policy.mode == "Auto" and not policy.bounds.contains(applied):
         return _into_bounds(state, policy, now)
+    snap = obs.snapshot
     problem = _unusable(snap, applied, policy) or _recovering(state, snap, policy, now)
     if problem is not None:
         return _done(replace(state, phase="Holding"), now, "hold", problem)
+    return None
 
+
+def _assess(
+    state: TuningState,
+    snap: Snapshot,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    now: datetime,
+    model: PerformanceModel,
+) -> _Window:
+    """Fit the model to the window, check its prediction for the applied knobs against what
+    was measured, diagnose, and remember the fits, the check and the peak rate (and the
+    baseline, on the last good knobs)."""
+    applied = state.applied
     pool = pooled(state.calibration, snap, now.timestamp(), policy.evaluation_window_s)
     workload = _workload(snap, policy, policy.safety_margin, pool)
     cal = model.calibrate(snap, applied, ctx, workload, _prior(state))
     mean = updated(state.calibration, cal, now.timestamp(), policy.evaluation_window_s)
     fits, current, second = _fits(model, snap, applied, workload, cal, mean, policy)
-    lead = fits.lead
     rate = snap.per_pod_rate()
     check = ModelCheck(
         time=now,
@@ -896,84 +1007,69 @@ def _steady(
     s = _with_peak(replace(state, calibration=stored, model_check=check), rate, now)
     if applied.same_as(state.last_good):
         s = replace(s, baseline=measure(snap, policy.slo, current.capacity_rps))
-    seen: tuple[tuple[Knobs, Prediction], ...] = ((applied, current),)
-    early = _no_search(snap, policy, diag)
-    if early is not None:
-        phase, text = early
-        return _done(
-            replace(s, phase=phase, recommendation=None, headroom_wait_since=None),
-            now,
-            "hold",
-            text,
-            diagnosis=diag,
-            prediction=current,
-            predictions=seen,
-        )
-    inputs = SearchInputs.of(applied, policy, diag, state)
-    if memo is not None and _memo_answers(memo, inputs, workload, lead, now, policy):
-        res, conclusion = memo.result, memo.conclusion
-    else:
-        res, conclusion = _conclude(state, policy, diag, model, workload, lead, check.trusted)
-        memo = SearchMemo(now, inputs, workload, lead, res, conclusion)
-    summary = f"{diag.kind}: {diag.evidence}; {conclusion}"
-    if not res.worth_rollout or res.best is None or res.prediction is None:
-        return _done(
-            replace(s, phase="Observing", recommendation=None, headroom_wait_since=_wait(s, diag)),
-            now,
-            "hold",
-            summary,
-            diagnosis=diag,
-            prediction=res.prediction or current,
-            memo=memo,
-            predictions=seen,
-        )
-    best, pred = res.best, res.prediction
-    judged = _judged_by(lead, diag)
+    return _Window(s, snap, workload, fits, current, check, diag, rate)
+
+
+def _robust_proposal(
+    w: _Window,
+    best: Knobs,
+    pred: Prediction,
+    summary: str,
+    state: TuningState,
+    policy: TuningPolicy,
+    model: PerformanceModel,
+    memo: SearchMemo,
+) -> tuple[_Proposal, SearchMemo]:
+    """The search's candidate at the gain that every fit predicts (`robust_gain`). Where
+    another fit's gain binds, that fit's own best, and the knobs between the two, are
+    weighed too (`_other_best`, `_best_at`); the reason names the fits."""
+    judged = _judged_by(w.fits.lead, w.diag)
+    current_rps = w.current.capacity_rps
     robust = robust_gain(
-        model, applied, best, workload, judged, fits.second, current.capacity_rps,
+        model, state.applied, best, w.workload, judged, w.fits.second, current_rps,
         pred.capacity_rps,
     )  # fmt: skip
-    binding = _binding_fit(robust, fits, judged)
-    if binding is not None:
-        fit, at = binding
-        found, memo = _other_best(state, policy, diag, model, workload, at, check, memo, fit)
-        other = _best_at(
-            state, policy, model, workload, judged, fits.second, found,
-            current.capacity_rps, best, robust,
-        )  # fmt: skip
-        if other is not None:
-            best, pred, robust = other
-            summary = (
-                f"{diag.kind}: {diag.evidence}; {best.describe()}: predicted capacity "
-                f"{pred.capacity_rps:.2f} req/s/pod vs {current.capacity_rps:.2f} now, the "
-                f"most that {_fits_named(robust, fits)} ({fits.lead_name()} alone chose "
-                f"{res.best.describe()})"
-            )
-        pred = replace(pred, capacity_rps=robust.best_rps)
-        if robust.binds:
-            summary = f"{summary}; {_others_say(robust, fits)}"
-    seen = ((applied, current), (best, pred))
-    if robust.binds and pred.capacity_rps <= current.capacity_rps:
-        holder = (
-            fits.second_name()
-            if robust.second_binds
-            else f"the fit at a {ADMIT_BOUND_S * 1000:.0f} ms admission cost"
+    binding = _binding_fit(robust, w.fits, judged)
+    if binding is None:
+        return _Proposal(best, pred, robust, summary), memo
+    fit, at = binding
+    found, memo = _other_best(state, policy, w.diag, model, w.workload, at, w.check, memo, fit)
+    other = _best_at(
+        state, policy, model, w.workload, judged, w.fits.second, found, current_rps, best,
+        robust,
+    )  # fmt: skip
+    if other is not None:
+        chosen, pred, robust = other
+        summary = (
+            f"{w.diag.kind}: {w.diag.evidence}; {chosen.describe()}: predicted capacity "
+            f"{pred.capacity_rps:.2f} req/s/pod vs {current_rps:.2f} now, the "
+            f"most that {_fits_named(robust, w.fits)} ({w.fits.lead_name()} alone chose "
+            f"{best.describe()})"
         )
-        text = f"{summary}; not rolled out: no gain that holds at {holder}"
-        s = replace(s, recommendation=None)
-        return _hold_observing(s, now, text, diag, pred, memo, seen)
-    previous = state.recommendation
-    changed = previous is None or not previous.knobs.same_as(best)
-    rec = Recommendation(
-        knobs=best,
-        reason=summary,
-        predicted=Predicted(pred.capacity_rps, pred.ttft_ms, pred.itl_ms),
-        gain_pct=min(res.gain_pct, capacity_gain_pct(current.capacity_rps, pred.capacity_rps), 1e6),
-        # Since when these knobs are recommended: a repeated recommendation keeps its time,
-        # so an unchanged conclusion does not rewrite status every reconcile.
-        time=now if previous is None or changed else previous.time,
-    )
-    s = replace(s, phase="Candidate", recommendation=rec)
+        best = chosen
+    pred = replace(pred, capacity_rps=robust.best_rps)
+    if robust.binds:
+        summary = f"{summary}; {_others_say(robust, w.fits)}"
+    return _Proposal(best, pred, robust, summary), memo
+
+
+def _act(
+    w: _Window,
+    prop: _Proposal,
+    search_gain_pct: float,
+    policy: TuningPolicy,
+    ctx: DeploymentContext,
+    now: datetime,
+    model: PerformanceModel,
+    memo: SearchMemo,
+) -> Decision:
+    """Recommend the proposal, and in Auto mode start its trial (a canary where the
+    deployment has one) unless a rule holds it: the rollout budget, the busiest load seen
+    lately, the restart's worth, a canary that could not credit the gain, or the wait for
+    headroom."""
+    s, changed = _recommended(w, prop, search_gain_pct, now)
+    seen, pred, diag = w.seen(prop), prop.pred, w.diag
+    summary = prop.summary
     if policy.mode == "Recommend":
         text = f"recommend {summary}"
         events = (Event("Normal", "TuningRecommendation", text),) if changed else ()
@@ -983,8 +1079,9 @@ def _steady(
         waits = f"{summary}; rollout waits: {blocker}"
         return _done(s, now, "hold", waits, None, (), diag, pred, memo, seen)
     strategy: Strategy = "Canary" if ctx.replicas >= 2 and ctx.rollout.canary else "Rolling"
+    current_rps, rate = w.current.capacity_rps, w.rate
     rate_ref = max(rate, s.peak_rate or 0.0)
-    if not diag.violates_slo and current.capacity_rps >= rate_ref > pred.capacity_rps:
+    if not diag.violates_slo and current_rps >= rate_ref > pred.capacity_rps:
         # Healthy now, and the current knobs carry the busiest window seen lately: a change
         # judged at today's load must not give that up (a trough hides the cliff).
         text = (
@@ -992,22 +1089,22 @@ def _steady(
             f"below the {rate_ref:.2f} req/s/pod seen lately that the current knobs carry"
         )
         return _hold_observing(s, now, text, diag, pred, memo, seen)
-    room = headroom(ctx, current.capacity_rps, rate)
+    room = headroom(ctx, current_rps, rate)
     worth = worth_restart(
         ctx,
         policy.rollout,
         strategy,
-        current.capacity_rps,
+        current_rps,
         pred.capacity_rps,
         rate,
         rate_ref,
-        miss_share(snap, policy.slo) if diag.violates_slo else 0.0,
+        miss_share(w.snap, policy.slo) if diag.violates_slo else 0.0,
     )
     if not worth.worth:
         text = f"{summary}; not worth the restart: {worth.text}"
         return _hold_observing(s, now, text, diag, pred, memo, seen)
     unprovable = (
-        _canary_cannot_credit(model, best, workload, lead, current.capacity_rps, policy, rate)
+        _canary_cannot_credit(model, prop.best, w.workload, w.fits.lead, current_rps, policy, rate)
         if strategy == "Canary" and not diag.violates_slo
         else None
     )
@@ -1018,18 +1115,39 @@ def _steady(
     if waited is not None:
         return replace(waited, diagnosis=diag, prediction=pred, search_memo=memo, predictions=seen)
     without = "" if room.ok else f"; {_without_headroom(s, policy, now, room, worth)}"
-    s, trial = _start_trial(s, best, now, strategy)
+    s, trial = _start_trial(s, prop.best, now, strategy)
     how = "canary" if strategy == "Canary" else "rollout"
     text = (
-        f"{how} {best.describe()} (trial {trial.id}, from {applied.describe()}): {summary}; "
-        f"worth it: {worth.text}" + without
+        f"{how} {prop.best.describe()} (trial {trial.id}, from {w.state.applied.describe()}): "
+        f"{summary}; worth it: {worth.text}" + without
     )
     reason = "CanaryStarted" if strategy == "Canary" else "RolloutStarted"
-    knobs = None if strategy == "Canary" else best
+    knobs = None if strategy == "Canary" else prop.best
     return _done(
         s, now, "rollout", text, knobs, (Event("Normal", reason, text),), diag, pred,
         predictions=seen,
     )  # fmt: skip
+
+
+def _recommended(
+    w: _Window, prop: _Proposal, search_gain_pct: float, now: datetime
+) -> tuple[TuningState, bool]:
+    """The state with the proposal as its recommendation (phase Candidate), and whether the
+    recommendation changed. A repeated recommendation keeps its time, so an unchanged
+    conclusion does not rewrite status every reconcile."""
+    previous = w.state.recommendation
+    changed = previous is None or not previous.knobs.same_as(prop.best)
+    pred = prop.pred
+    rec = Recommendation(
+        knobs=prop.best,
+        reason=prop.summary,
+        predicted=Predicted(pred.capacity_rps, pred.ttft_ms, pred.itl_ms),
+        gain_pct=min(
+            search_gain_pct, capacity_gain_pct(w.current.capacity_rps, pred.capacity_rps), 1e6
+        ),
+        time=now if previous is None or changed else previous.time,
+    )
+    return replace(w.state, phase="Candidate", recommendation=rec), changed
 
 
 def _hold_observing(

@@ -251,21 +251,70 @@ def search(
     when the model says so). Candidates' capacities answer to what finished trials measured
     (`evidence`, core/evidence.py). Deterministic for the same inputs."""
     gmu_max = gmu_ceiling(applied, memory, gmu_rise_step)
-    screened = isinstance(model, Screened)
     stage_model, stage_cal = (
         model.screen(calibration) if isinstance(model, Screened) else (model, calibration)
     )
-    cache: dict[tuple[int, int, float], tuple[float, Prediction | None]] = {}
-    residuals = _residuals(evidence, model, workload, calibration)
+    scorer = _Scorer(
+        applied, bounds, memory, gmu_rise_step, infeasible, slo_violated, workload,
+        stage_model, stage_cal, _residuals(evidence, model, workload, calibration),
+    )  # fmt: skip
+    best = scorer.best_of(candidate_axes(applied, bounds, diagnosis, gmu_max), max_evaluations)
+    if math.isfinite(scorer.score(best)):
+        around = candidate_axes(applied, bounds, diagnosis, gmu_max, FINE_POINTS, around=best)
+        best = scorer.best_of(around, max_evaluations)
+    best_score, best_pred = scorer.scored(best)
+    if best_pred is not None and not best_pred.feasible:
+        # Ranked without its capacity (it misses the SLO now); the proposal states it.
+        best_pred = scorer.corrected(best, stage_model.predict(best, workload, stage_cal))
+    current = model.predict(applied, workload, calibration)
+    if isinstance(model, Screened):
+        # The slow model judges only the screen's best few (and the current knobs).
+        best_score, best_pred = math.inf, None
+        for k in scorer.finalists(refine_top):
+            p = scorer.corrected(k, model.predict(k, workload, calibration))
+            sc = scorer.score_of(k, p)
+            if sc < best_score:
+                best, best_score, best_pred = k, sc, p
+    found = _Found(applied, current, scorer.evaluated(), workload, scorer.residuals)
+    if not math.isfinite(best_score) or best_pred is None:
+        return found.nothing()
+    return found.verdict(best, best_pred, slo_violated, min_gain_pct)
 
-    def corrected(k: Knobs, p: Prediction) -> Prediction:
-        if not residuals or not p.feasible or p.capacity_rps <= 0:
+
+class _Scorer:
+    """One search's candidates, each predicted (at most) once and scored: most capacity
+    first, among near-equals the smallest move; with the SLO violated, a candidate that
+    cannot meet it ranks by how close it comes. Predictions answer to what finished trials
+    measured (`residuals`)."""
+
+    def __init__(
+        self,
+        applied: Knobs,
+        bounds: Bounds,
+        memory: ProvenMemory,
+        gmu_rise_step: float,
+        infeasible: Sequence[InfeasibleConfig],
+        slo_violated: bool,
+        workload: Workload,
+        model: PerformanceModel,
+        calibration: Calibration,
+        residuals: list[tuple[Knobs, float]],
+    ) -> None:
+        self.applied, self.bounds, self.memory = applied, bounds, memory
+        self.gmu_rise_step, self.infeasible = gmu_rise_step, infeasible
+        self.slo_violated, self.workload = slo_violated, workload
+        self.model, self.calibration, self.residuals = model, calibration, residuals
+        self.cache: dict[tuple[int, int, float], tuple[float, Prediction | None]] = {}
+
+    def corrected(self, k: Knobs, p: Prediction) -> Prediction:
+        if not self.residuals or not p.feasible or p.capacity_rps <= 0:
             return p
-        c = correction(k, applied, residuals)
+        c = correction(k, self.applied, self.residuals)
         return replace(p, capacity_rps=p.capacity_rps * math.exp(c))
 
-    def score_of(k: Knobs, p: Prediction) -> float:
+    def score_of(self, k: Knobs, p: Prediction) -> float:
         # Most capacity first; among near-equals, the smallest move (fewer surprises).
+        applied = self.applied
         move = (
             abs(math.log(k.max_num_batched_tokens / applied.max_num_batched_tokens))
             + abs(math.log(k.max_num_seqs / applied.max_num_seqs))
@@ -273,140 +322,156 @@ def search(
         )
         if p.feasible:
             return -p.capacity_rps * (1.0 - 1e-3 * move) - 1e-9
-        if slo_violated and math.isfinite(p.slo_ratio):
+        if self.slo_violated and math.isfinite(p.slo_ratio):
             # No candidate may meet the SLO within one step: then the one that comes closest
             # (positive scores always lose to feasible ones).
             return p.slo_ratio * (1.0 + 1e-3 * move)
-        if slo_violated and p.capacity_rps > 0:
+        if self.slo_violated and p.capacity_rps > 0:
             # Overloaded at this load: the most capacity comes closest to serving it (after
             # every candidate that would serve it, however late).
-            c = correction(k, applied, residuals)
+            c = correction(k, applied, self.residuals)
             return OVERLOADED_SCORE - math.log(p.capacity_rps) - c + 1e-3 * move
         return math.inf
 
-    def predicted(k: Knobs) -> Prediction:
-        p = stage_model.predict(k, workload, stage_cal, capacity=False)
-        if slo_violated and not p.feasible and not math.isfinite(p.slo_ratio):
-            p = stage_model.predict(k, workload, stage_cal, capacity=True)
-        return corrected(k, p)
+    def _predicted(self, k: Knobs) -> Prediction:
+        p = self.model.predict(k, self.workload, self.calibration, capacity=False)
+        if self.slo_violated and not p.feasible and not math.isfinite(p.slo_ratio):
+            p = self.model.predict(k, self.workload, self.calibration, capacity=True)
+        return self.corrected(k, p)
 
-    def score(k: Knobs) -> float:
+    def scored(self, k: Knobs) -> tuple[float, Prediction | None]:
+        """(score, prediction) of `k`; (inf, None) where the rules do not allow it."""
         key = (k.max_num_batched_tokens, k.max_num_seqs, k.gpu_memory_utilization)
-        if key not in cache:
-            if allowed(k, applied, bounds, memory, gmu_rise_step, infeasible) is not None:
-                cache[key] = (math.inf, None)
+        if key not in self.cache:
+            why = allowed(
+                k, self.applied, self.bounds, self.memory, self.gmu_rise_step, self.infeasible
+            )
+            if why is not None:
+                self.cache[key] = (math.inf, None)
             else:
-                p = predicted(k)
-                cache[key] = (score_of(k, p), p)
-        return cache[key][0]
+                p = self._predicted(k)
+                self.cache[key] = (self.score_of(k, p), p)
+        return self.cache[key]
 
-    def best_of(axes: tuple[list[int], list[int], list[float]]) -> Knobs:
+    def score(self, k: Knobs) -> float:
+        return self.scored(k)[0]
+
+    def best_of(self, axes: tuple[list[int], list[int], list[float]], limit: int) -> Knobs:
         grid = [Knobs(t, q, g) for t in axes[0] for q in axes[1] for g in axes[2]]
-        return min(grid[:max_evaluations], key=lambda k: (score(k), k))
+        return min(grid[:limit], key=lambda k: (self.score(k), k))
 
-    best = best_of(candidate_axes(applied, bounds, diagnosis, gmu_max))
-    if math.isfinite(score(best)):
-        best = best_of(
-            candidate_axes(applied, bounds, diagnosis, gmu_max, FINE_POINTS, around=best)
+    def finalists(self, n: int) -> list[Knobs]:
+        """The `n` best-scored candidates that the rules allow and the screen ranked."""
+        ranked = sorted(
+            (sc, k) for k, (sc, p) in self.cache.items() if p is not None and math.isfinite(sc)
         )
-    key = (best.max_num_batched_tokens, best.max_num_seqs, best.gpu_memory_utilization)
-    best_score, best_pred = cache[key]
-    if best_pred is not None and not best_pred.feasible:
-        # Ranked without its capacity (it misses the SLO now); the proposal states it.
-        best_pred = corrected(best, stage_model.predict(best, workload, stage_cal))
-    current = model.predict(applied, workload, calibration)
-    if screened:
-        # The slow model judges only the screen's best few (and the current knobs).
-        finalists = [
-            k
-            for _, k in sorted(
-                (sc, k) for k, (sc, p) in cache.items() if p is not None and math.isfinite(sc)
-            )[:refine_top]
-        ]
-        best_score, best_pred = math.inf, None
-        for key in finalists:
-            k = Knobs(*key)
-            p = corrected(k, model.predict(k, workload, calibration))
-            sc = score_of(k, p)
-            if sc < best_score:
-                best, best_score, best_pred = k, sc, p
-    evaluated = sum(1 for _, p in cache.values() if p is not None)
-    if not math.isfinite(best_score) or best_pred is None:
+        return [Knobs(*key) for _, key in ranked[:n]]
+
+    def evaluated(self) -> int:
+        return sum(1 for _, p in self.cache.values() if p is not None)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What a search concludes about its best candidate, against the applied knobs'
+    prediction (`current`), in the words of its reason."""
+
+    applied: Knobs
+    current: Prediction
+    evaluated: int
+    workload: Workload
+    residuals: list[tuple[Knobs, float]]
+
+    def nothing(self) -> SearchResult:
         return SearchResult(
             None,
             None,
-            current,
+            self.current,
             0.0,
             False,
             f"no candidate within bounds and steps is predicted to meet the SLO with "
-            f"{(1 - workload.safety_margin):.0%} margin ({evaluated} evaluated)",
-            evaluated,
-        )
-    base = current.capacity_rps
-    gain = capacity_gain_pct(base, best_pred.capacity_rps)
-    capacity = (
-        f"predicted capacity {best_pred.capacity_rps:.2f} req/s/pod vs {base:.2f} now "
-        f"({_pct(gain)})"
-    )
-    note = _evidence_note(best, applied, residuals)
-    numbers = f"{capacity}, TTFT {best_pred.ttft_ms:.0f} ms, ITL {best_pred.itl_ms:.1f} ms{note}"
-    if best.same_as(applied):
-        return SearchResult(
-            None,
-            best_pred,
-            current,
-            0.0,
-            False,
-            f"current knobs are the best of {evaluated} evaluated ({numbers})",
-            evaluated,
+            f"{(1 - self.workload.safety_margin):.0%} margin ({self.evaluated} evaluated)",
+            self.evaluated,
         )
 
-    def verdict(worth: bool, text: str) -> SearchResult:
-        return SearchResult(best, best_pred, current, gain, worth, text, evaluated)
+    def verdict(
+        self, best: Knobs, pred: Prediction, slo_violated: bool, min_gain_pct: float
+    ) -> SearchResult:
+        """Whether `best` (predicted `pred`) is worth a rollout, and why."""
+        current, evaluated = self.current, self.evaluated
+        base = current.capacity_rps
+        gain = capacity_gain_pct(base, pred.capacity_rps)
+        capacity = (
+            f"predicted capacity {pred.capacity_rps:.2f} req/s/pod vs {base:.2f} now ({_pct(gain)})"
+        )
+        note = _evidence_note(best, self.applied, self.residuals)
+        numbers = f"{capacity}, TTFT {pred.ttft_ms:.0f} ms, ITL {pred.itl_ms:.1f} ms{note}"
+        if best.same_as(self.applied):
+            return SearchResult(
+                None,
+                pred,
+                current,
+                0.0,
+                False,
+                f"current knobs are the best of {evaluated} evaluated ({numbers})",
+                evaluated,
+            )
 
-    if slo_violated and best_pred.feasible and gain <= 0:
-        # Meets the SLO at this load with the margin where the current knobs do not, yet serves
-        # no more: the two predictions differ only in headroom at this load, which is within
-        # the model's error. bench/tuning made four such rollouts over ten runs; none won.
+        def verdict(worth: bool, text: str) -> SearchResult:
+            return SearchResult(best, pred, current, gain, worth, text, evaluated)
+
+        if slo_violated and pred.feasible and gain <= 0:
+            # Meets the SLO at this load with the margin where the current knobs do not, yet
+            # serves no more: the two predictions differ only in headroom at this load, which
+            # is within the model's error. bench/tuning made four such rollouts over ten
+            # runs; none won.
+            return verdict(
+                False,
+                f"best candidate {best.describe()} is predicted to meet the SLO at this load "
+                f"but to serve no more than the current knobs ({numbers})",
+            )
+        if slo_violated and pred.feasible:
+            return verdict(
+                True, f"{best.describe()} is predicted to fix the SLO violation: {numbers}"
+            )
+        if not pred.feasible:
+            improvement, text, short = self._short_of_slo(best, pred, gain, capacity, note, numbers)
+            worth = improvement >= min_gain_pct
+            return verdict(worth, text if worth else f"best candidate {short}: {text}")
+        if gain >= min_gain_pct:
+            return verdict(True, f"{best.describe()}: {numbers}")
         return verdict(
             False,
-            f"best candidate {best.describe()} is predicted to meet the SLO at this load but "
-            f"to serve no more than the current knobs ({numbers})",
+            f"best candidate {best.describe()} gains {_pct(gain)}, below the "
+            f"{min_gain_pct:g}% worth a rollout ({numbers})",
         )
-    if slo_violated and best_pred.feasible:
-        return verdict(True, f"{best.describe()} is predicted to fix the SLO violation: {numbers}")
-    if not best_pred.feasible:
-        if math.isfinite(best_pred.slo_ratio):
+
+    def _short_of_slo(
+        self, best: Knobs, pred: Prediction, gain: float, capacity: str, note: str, numbers: str
+    ) -> tuple[float, str, str]:
+        """(improvement in percent, text, what falls short) of a candidate predicted to miss
+        the SLO at this load: how much closer to the SLO it comes, or, where every candidate
+        is overloaded, how much more capacity it has."""
+        current = self.current
+        if math.isfinite(pred.slo_ratio):
             improvement = (
-                (current.slo_ratio - best_pred.slo_ratio) / current.slo_ratio * 100.0
+                (current.slo_ratio - pred.slo_ratio) / current.slo_ratio * 100.0
                 if math.isfinite(current.slo_ratio) and current.slo_ratio > 0
                 else 100.0
             )
             text = (
                 f"{best.describe()} is predicted to bring the worst SLO target from "
-                f"{current.slo_ratio:.0%} to {best_pred.slo_ratio:.0%} of its threshold "
+                f"{current.slo_ratio:.0%} to {pred.slo_ratio:.0%} of its threshold "
                 f"(the best one step can do; {numbers})"
             )
-            short = f"improves the SLO by only {improvement:.1f}%"
-        else:  # every candidate overloaded at this load: the most capacity comes closest
-            improvement = gain
-            text = (
-                f"{best.describe()} is the most capacity one step can reach, though no "
-                f"candidate is predicted to serve {workload.request_rate:.2f} req/s/pod "
-                f"within the SLO ({capacity}{note})"
-            )
-            short = f"gains only {_pct(gain)}"
-        worth = improvement >= min_gain_pct
-        if not worth:
-            text = f"best candidate {short}: {text}"
-        return verdict(worth, text)
-    if gain >= min_gain_pct:
-        return verdict(True, f"{best.describe()}: {numbers}")
-    return verdict(
-        False,
-        f"best candidate {best.describe()} gains {_pct(gain)}, below the {min_gain_pct:g}% "
-        f"worth a rollout ({numbers})",
-    )
+            return improvement, text, f"improves the SLO by only {improvement:.1f}%"
+        # Every candidate overloaded at this load: the most capacity comes closest.
+        text = (
+            f"{best.describe()} is the most capacity one step can reach, though no "
+            f"candidate is predicted to serve {self.workload.request_rate:.2f} req/s/pod "
+            f"within the SLO ({capacity}{note})"
+        )
+        return gain, text, f"gains only {_pct(gain)}"
 
 
 def _residuals(
