@@ -817,9 +817,9 @@ def _idle_stretch(
         ends_a = t + np.cumsum(idle_s * noise[k : k + 1])
         stop = k + 1  # it arrived during step k - 1: step k + 1 admits it
     else:
-        gap_steps = (next_arrival - t) / idle_s
         length = n_steps - k
-        if math.isfinite(gap_steps):
+        if idle_s > 0 and math.isfinite(next_arrival):
+            gap_steps = (next_arrival - t) / idle_s
             length = min(length, int(gap_steps * _IDLE_WINDOW) + _LONG_IDLE)
         while True:
             ends_a = t + np.cumsum(idle_s * noise[k : k + length])

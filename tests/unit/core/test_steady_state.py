@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -365,3 +366,56 @@ def test_shared_evaluations_reuse_paths_and_end_with_their_block() -> None:
         state(t, seqs=512)  # the limit does not bind at 8 req/s: same fixed point and path
         assert len(steady_state_module._MEMO.get().paths) == before  # type: ignore[union-attr]
     assert steady_state_module._MEMO.get() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n_steps=st.integers(2, 3000),
+    k_share=st.floats(0.0, 1.0),
+    idle_s=st.floats(1e-4, 0.2),
+    jitter=st.sampled_from([0.0, 0.02, 0.06, 0.5]),
+    gap_steps=st.one_of(st.floats(0.0, 4000.0), st.just(math.inf)),
+    arrived_before=st.booleans(),
+    window=st.sampled_from([0.01, 0.3, 0.9, steady_state_module._IDLE_WINDOW]),
+)
+def test_an_idle_stretch_lays_down_the_steps_of_a_sum_to_the_path_end(
+    n_steps: int,
+    k_share: float,
+    idle_s: float,
+    jitter: float,
+    gap_steps: float,
+    arrived_before: bool,
+    window: float,
+) -> None:
+    """`_idle_stretch` sums the step noise over a window of the steps the gap should take
+    (widened when short; windows far too short are drawn too, so that the widening runs).
+    Its steps must be, bit for bit, those of summing the noise from step k to the path's end
+    and cutting at the step that admits the arrival."""
+    noise = np.exp(jitter * steady_state_module._Z_STEP_LONG[:n_steps] - 0.5 * jitter**2)
+    k = min(n_steps - 1, int(k_share * n_steps))
+    t = 1.5 + k * idle_s
+    previous_end = t if k >= 1 else 0.0
+    nxt = t + gap_steps * idle_s
+    if arrived_before and k >= 1:
+        nxt = previous_end - idle_s * 0.5  # it arrived during step k - 1
+    ends = [0.0] * n_steps
+    starts = [0.0] * n_steps
+    if k >= 1:
+        ends[k - 1] = previous_end
+    kept = steady_state_module._IDLE_WINDOW
+    steady_state_module._IDLE_WINDOW = window
+    try:
+        got = steady_state_module._idle_stretch(k, t, nxt, idle_s, noise, ends, starts)
+    finally:
+        steady_state_module._IDLE_WINDOW = kept
+
+    full = t + np.cumsum(idle_s * noise[k:])
+    if k >= 1 and nxt < previous_end:
+        stop = k + 1
+    else:
+        stop = min(n_steps, k + int(np.searchsorted(full, nxt, side="right")) + 2)
+    assert got == (stop, float(full[stop - k - 1]))
+    assert len(ends) == len(starts) == n_steps
+    assert ends[k:stop] == full[: stop - k].tolist()
+    assert starts[k] == t
+    assert starts[k + 1 : stop] == full[: stop - k - 1].tolist()
