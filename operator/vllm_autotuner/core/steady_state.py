@@ -820,7 +820,7 @@ def _idle_stretch(
         length = n_steps - k
         if idle_s > 0 and math.isfinite(next_arrival):
             gap_steps = (next_arrival - t) / idle_s
-            length = min(length, int(gap_steps * _IDLE_WINDOW) + _LONG_IDLE)
+            length = min(length, max(1, int(gap_steps * _IDLE_WINDOW) + _LONG_IDLE))
         while True:
             ends_a = t + np.cumsum(idle_s * noise[k : k + length])
             arrives_in = int(np.searchsorted(ends_a, next_arrival, side="right"))  # from step k
