@@ -31,7 +31,13 @@ from vllm_autotuner.core.physics import (
     lognormal_sigma,
     sim_gpu_name,
 )
-from vllm_autotuner.core.snapshot import LatencySummary, Snapshot, arrival_cv2, lognormal_misfit
+from vllm_autotuner.core.snapshot import (
+    LatencySummary,
+    Snapshot,
+    arrival_cv2,
+    length_points,
+    lognormal_misfit,
+)
 from vllm_autotuner.core.steady_state import (
     Costs,
     Knobs3,
@@ -1038,7 +1044,7 @@ def _fit_prompt_sigma(
         return cal
     mean_s = prefill.mean_ms / 1000.0
     times = [(b / 1000.0, f) for b, f in _cdf_points(prefill.buckets)]
-    lengths = [(math.log(b), f) for b, f in _cdf_points(snapshot.prompt_len.buckets)]
+    lengths = length_points(snapshot.prompt_len.buckets)
     if not times:
         return cal
     log_mean = math.log(max(1.0, workload.prompt_mean))

@@ -87,13 +87,8 @@ class LengthSummary:
         1-2-5 token buckets are too coarse to interpolate a p90 in), or None without data."""
         if self.mean is None or self.mean <= 0 or not self.buckets:
             return None
-        total = self.buckets[-1][1]
-        points = [
-            (math.log(b), c / total)
-            for b, c in self.buckets
-            if total > 0 and math.isfinite(b) and b > 0 and 0.01 < c / total < 0.99
-        ]
-        if not points:
+        points = length_points(self.buckets)
+        if not any(0.0 < f < 1.0 for _, f in points):
             return None
         sigma = _fit_lognormal_sigma(math.log(self.mean), points)
         return math.exp(math.log(self.mean) - 0.5 * sigma * sigma + 1.2816 * sigma)
@@ -335,6 +330,22 @@ def defect(snapshot: Snapshot, targets: Sequence[tuple[str, SLOTarget]]) -> str 
 
 
 # ----------------------------------------------------------------------------- histogram maths
+
+
+def length_points(buckets: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(log bound, fraction at or under it) at every finite bound of a cumulative length
+    histogram, the empty and the full buckets included.
+
+    The buckets a window's lengths do not reach say where the spread ends. Prompts spread
+    evenly over 3,000-6,000 tokens fill only vLLM's 2,000-5,000 and 5,000-10,000 buckets, and
+    one split with the mean fits two log-normals: sigma 0.24 (p90 5,900 tokens) and sigma 0.99
+    (p90 9,700, with 38 % of the prompts under 2,000 tokens, where there were none). Read
+    from that split alone, a held-out RAG window picked the second, and its model predicted
+    first tokens over the SLO at any rate."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return []
+    return [(math.log(b), c / total) for b, c in buckets if math.isfinite(b) and b > 0]
 
 
 def lognormal_misfit(log_mean: float, sigma: float, points: Sequence[tuple[float, float]]) -> float:
