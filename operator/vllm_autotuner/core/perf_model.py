@@ -1044,10 +1044,10 @@ def _fit_prompt_sigma(
         return cal
     mean_s = prefill.mean_ms / 1000.0
     times = [(b / 1000.0, f) for b, f in _cdf_points(prefill.buckets)]
-    lengths = length_points(snapshot.prompt_len.buckets)
     if not times:
         return cal
     log_mean = math.log(max(1.0, workload.prompt_mean))
+    lengths = length_points(snapshot.prompt_len.buckets, log_mean, 0.995)
     base = _traffic(workload, workload.request_rate)
     knobs3 = Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv)
     curve, costs = _curve(shape, cal), _costs(cal)

@@ -87,8 +87,8 @@ class LengthSummary:
         1-2-5 token buckets are too coarse to interpolate a p90 in), or None without data."""
         if self.mean is None or self.mean <= 0 or not self.buckets:
             return None
-        points = length_points(self.buckets)
-        if not any(0.0 < f < 1.0 for _, f in points):
+        points = length_points(self.buckets, math.log(self.mean), 0.99)
+        if not points:
             return None
         sigma = _fit_lognormal_sigma(math.log(self.mean), points)
         return math.exp(math.log(self.mean) - 0.5 * sigma * sigma + 1.2816 * sigma)
@@ -332,20 +332,42 @@ def defect(snapshot: Snapshot, targets: Sequence[tuple[str, SLOTarget]]) -> str 
 # ----------------------------------------------------------------------------- histogram maths
 
 
-def length_points(buckets: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(log bound, fraction at or under it) at every finite bound of a cumulative length
-    histogram, the empty and the full buckets included.
+# A log-normal read from a length histogram's informative bounds is refitted on every bound
+# when it expects at least this many of the window's lengths in the buckets the window left
+# empty: the chance of seeing none there is then under 1 % (e^-4.6).
+EMPTY_BUCKET_EVIDENCE = 4.6
+
+
+def length_points(
+    buckets: Sequence[tuple[float, float]], log_mean: float, upper: float
+) -> list[tuple[float, float]]:
+    """(log bound, fraction at or under it) to fit a length spread to: the informative
+    bounds (more than 1 % and less than `upper` of the lengths under them), or every finite
+    bound where there are none or the log-normal fitted to those alone contradicts the empty
+    buckets.
 
     The buckets a window's lengths do not reach say where the spread ends. Prompts spread
     evenly over 3,000-6,000 tokens fill only vLLM's 2,000-5,000 and 5,000-10,000 buckets, and
     one split with the mean fits two log-normals: sigma 0.24 (p90 5,900 tokens) and sigma 0.99
     (p90 9,700, with 38 % of the prompts under 2,000 tokens, where there were none). Read
     from that split alone, a held-out RAG window picked the second, and its model predicted
-    first tokens over the SLO at any rate."""
+    first tokens over the SLO at any rate. Where the informative bounds' fit agrees with the
+    empty buckets it stands as it is: the step-time fit downstream can move to another basin
+    on a change of the spread in its fourth digit (docs/decisions.md)."""
+    from scipy.special import ndtr
+
     total = buckets[-1][1] if buckets else 0.0
     if total <= 0:
         return []
-    return [(math.log(b), c / total) for b, c in buckets if math.isfinite(b) and b > 0]
+    every = [(math.log(b), c / total) for b, c in buckets if math.isfinite(b) and b > 0]
+    inner = [(x, f) for x, f in every if 0.01 < f < upper]
+    if not inner:
+        return every
+    sigma = _fit_lognormal_sigma(log_mean, inner)
+    mu = log_mean - 0.5 * sigma * sigma
+    below = max((float(ndtr((x - mu) / sigma)) for x, f in every if f <= 0.0), default=0.0)
+    above = max((1.0 - float(ndtr((x - mu) / sigma)) for x, f in every if f >= 1.0), default=0.0)
+    return every if total * (below + above) >= EMPTY_BUCKET_EVIDENCE else inner
 
 
 def lognormal_misfit(log_mean: float, sigma: float, points: Sequence[tuple[float, float]]) -> float:

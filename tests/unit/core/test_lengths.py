@@ -52,8 +52,23 @@ def test_a_log_normal_s_own_buckets_give_back_its_p90(mean: float, sigma: float)
     assert abs(got / want - 1.0) <= 0.03, (got, want)
 
 
-def test_length_points_keep_the_empty_and_the_full_buckets() -> None:
-    points = length_points(((1000.0, 0.0), (2000.0, 4.0), (5000.0, 8.0), (math.inf, 8.0)))
-    assert points == [(math.log(1000.0), 0.0), (math.log(2000.0), 0.5), (math.log(5000.0), 1.0)]
-    assert length_points(()) == []
-    assert length_points(((100.0, 0.0), (math.inf, 0.0))) == []
+def test_a_fit_the_empty_buckets_agree_with_keeps_its_informative_points() -> None:
+    """A log-normal's own buckets: the fit to the bounds with 1-99 % under them expects next
+    to nothing where the window saw nothing, so those bounds are all it is given."""
+    buckets = _lognormal_buckets(600.0, 0.8, 4000.0)
+    points = length_points(buckets, math.log(600.0), 0.99)
+    total = buckets[-1][1]
+    assert points == [(math.log(b), c / total) for b, c in buckets[:-1] if 0.01 < c / total < 0.99]
+
+
+def test_a_fit_that_fills_the_empty_buckets_is_given_every_bound() -> None:
+    buckets = (
+        *((float(b), 0.0) for b in BOUNDS[:-2]),
+        (5000.0, 79.0),
+        (10000.0, 108.0),
+        (math.inf, 108.0),
+    )
+    points = length_points(buckets, math.log(4436.0), 0.99)
+    assert points == [(math.log(b), c / 108.0) for b, c in buckets[:-1]]
+    assert length_points((), 0.0, 0.99) == []
+    assert length_points(((100.0, 0.0), (math.inf, 0.0)), 0.0, 0.99) == []
