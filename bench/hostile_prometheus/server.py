@@ -75,7 +75,7 @@ class Server:
         app.router.add_post("/api/v1/label/{name}/values", names)
         app.router.add_post("/api/v1/query", query)
         app.router.add_get("/api/v1/query", query)
-        runner = web.AppRunner(app, handle_signals=False)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
