@@ -35,7 +35,8 @@ from vllm_autotuner.core.snapshot import (
     LatencySummary,
     Snapshot,
     arrival_cv2,
-    length_points,
+    cdf_points,
+    length_spread,
     lognormal_misfit,
 )
 from vllm_autotuner.core.steady_state import (
@@ -499,7 +500,7 @@ class AnalyticModel:
         )
         if not st.stable:
             return cal
-        points = [(b / 1000.0, f) for b, f in _cdf_points(snapshot.ttft.buckets)]
+        points = [(b / 1000.0, f) for b, f in cdf_points(snapshot.ttft.buckets)]
         if points:
             return replace(cal, api_s=_api_shift(st.ttft, points))
         return replace(cal, api_s=min(API_MAX_S, max(0.0, ttft / 1000.0 - st.ttft(0.5))))
@@ -1043,11 +1044,12 @@ def _fit_prompt_sigma(
     if not prefill.mean_ms or prefill.count < PREFILL_MIN_COUNT:
         return cal
     mean_s = prefill.mean_ms / 1000.0
-    times = [(b / 1000.0, f) for b, f in _cdf_points(prefill.buckets)]
+    times = [(b / 1000.0, f) for b, f in cdf_points(prefill.buckets)]
     if not times:
         return cal
     log_mean = math.log(max(1.0, workload.prompt_mean))
-    lengths = length_points(snapshot.prompt_len.buckets, log_mean, 0.995)
+    spread = length_spread(snapshot.prompt_len.buckets, log_mean, 0.995)
+    lengths = spread[0] if spread is not None else []
     base = _traffic(workload, workload.request_rate)
     knobs3 = Knobs3(knobs.max_num_batched_tokens, knobs.max_num_seqs, kv)
     curve, costs = _curve(shape, cal), _costs(cal)
@@ -1067,19 +1069,6 @@ def _fit_prompt_sigma(
     if not math.isfinite(scores[best]):
         return cal
     return replace(cal, prompt_sigma=_PROMPT_SIGMAS[best])
-
-
-def _cdf_points(buckets: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(bound, fraction at or under it) at a cumulative histogram's informative finite
-    bounds: those with more than 1 % and less than 99.5 % of the samples under them."""
-    total = buckets[-1][1] if buckets else 0.0
-    if total <= 0:
-        return []
-    return [
-        (b, c / total)
-        for b, c in buckets
-        if math.isfinite(b) and b > 0 and 0.01 < c / total < 0.995
-    ]
 
 
 # The most time outside the engine a window may show (s).

@@ -87,10 +87,10 @@ class LengthSummary:
         1-2-5 token buckets are too coarse to interpolate a p90 in), or None without data."""
         if self.mean is None or self.mean <= 0 or not self.buckets:
             return None
-        points = length_points(self.buckets, math.log(self.mean), 0.99)
-        if not points:
+        spread = length_spread(self.buckets, math.log(self.mean), 0.99)
+        if spread is None:
             return None
-        sigma = _fit_lognormal_sigma(math.log(self.mean), points)
+        _, sigma = spread
         return math.exp(math.log(self.mean) - 0.5 * sigma * sigma + 1.2816 * sigma)
 
 
@@ -338,12 +338,13 @@ def defect(snapshot: Snapshot, targets: Sequence[tuple[str, SLOTarget]]) -> str 
 EMPTY_BUCKET_EVIDENCE = 4.6
 
 
-def length_points(
+def length_spread(
     buckets: Sequence[tuple[float, float]], log_mean: float, upper: float
-) -> list[tuple[float, float]]:
-    """(log bound, fraction at or under it) to fit a length spread to: the informative
-    bounds (more than 1 % and less than `upper` of the lengths under them), or every finite
-    bound where there are none or the log-normal fitted to those alone contradicts the empty
+) -> tuple[list[tuple[float, float]], float] | None:
+    """The (log bound, fraction at or under it) points to fit a length spread to, and the
+    sigma of the log-normal with mean exp(log_mean) fitted to them (None without counts).
+    The points are the informative bounds (`cdf_points` up to `upper`), or every finite bound
+    where there are none or the log-normal fitted to those alone contradicts the empty
     buckets.
 
     The buckets a window's lengths do not reach say where the spread ends. Prompts spread
@@ -358,16 +359,36 @@ def length_points(
 
     total = buckets[-1][1] if buckets else 0.0
     if total <= 0:
-        return []
+        return None
     every = [(math.log(b), c / total) for b, c in buckets if math.isfinite(b) and b > 0]
-    inner = [(x, f) for x, f in every if 0.01 < f < upper]
-    if not inner:
-        return every
-    sigma = _fit_lognormal_sigma(log_mean, inner)
-    mu = log_mean - 0.5 * sigma * sigma
-    below = max((float(ndtr((x - mu) / sigma)) for x, f in every if f <= 0.0), default=0.0)
-    above = max((1.0 - float(ndtr((x - mu) / sigma)) for x, f in every if f >= 1.0), default=0.0)
-    return every if total * (below + above) >= EMPTY_BUCKET_EVIDENCE else inner
+    if not every:
+        return None
+    inner = [(math.log(b), f) for b, f in cdf_points(buckets, upper)]
+    if inner:
+        sigma = _fit_lognormal_sigma(log_mean, inner)
+        mu = log_mean - 0.5 * sigma * sigma
+        below = max((float(ndtr((x - mu) / sigma)) for x, f in every if f <= 0.0), default=0.0)
+        above = max(
+            (1.0 - float(ndtr((x - mu) / sigma)) for x, f in every if f >= 1.0), default=0.0
+        )
+        if total * (below + above) < EMPTY_BUCKET_EVIDENCE:
+            return inner, sigma
+    return every, _fit_lognormal_sigma(log_mean, every)
+
+
+def cdf_points(
+    buckets: Sequence[tuple[float, float]], upper: float = 0.995
+) -> list[tuple[float, float]]:
+    """(bound, fraction at or under it) at a cumulative histogram's informative finite
+    bounds: those with more than 1 % and less than `upper` of the samples under them."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return []
+    return [
+        (b, c / total)
+        for b, c in buckets
+        if math.isfinite(b) and b > 0 and 0.01 < c / total < upper
+    ]
 
 
 def lognormal_misfit(log_mean: float, sigma: float, points: Sequence[tuple[float, float]]) -> float:

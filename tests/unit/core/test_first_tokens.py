@@ -28,7 +28,7 @@ from vllm_autotuner.core import perf_model
 from vllm_autotuner.core import steady_state as ss
 from vllm_autotuner.core.perf_model import Calibration, Workload
 from vllm_autotuner.core.physics import lognormal_sigma
-from vllm_autotuner.core.snapshot import LatencySummary, LengthSummary, Snapshot
+from vllm_autotuner.core.snapshot import LatencySummary, LengthSummary, Snapshot, cdf_points
 from vllm_autotuner.core.steady_state import Knobs3, SteadyState, steady_state
 from vllm_autotuner.core.tuning_types import Knobs
 
@@ -260,7 +260,7 @@ def _window_fractions(
     median_s: float, sigma: float, shift_s: float, bounds: Sequence[float]
 ) -> list[tuple[float, float]]:
     """The informative (bound, fraction at or under) of a window whose first tokens are the
-    log-normal's, `shift_s` later, counted as a histogram of 10,000 (`_cdf_points`)."""
+    log-normal's, `shift_s` later, counted as a histogram of 10,000 (`cdf_points`)."""
     z = NormalDist()
     cum = [
         (
@@ -269,7 +269,7 @@ def _window_fractions(
         )
         for b in bounds
     ]
-    return [(b / 1000.0, f) for b, f in perf_model._cdf_points([*cum, (math.inf, 1e4)])]
+    return [(b / 1000.0, f) for b, f in cdf_points([*cum, (math.inf, 1e4)])]
 
 
 def _misfit(

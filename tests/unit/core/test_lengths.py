@@ -13,7 +13,7 @@ from statistics import NormalDist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_autotuner.core.snapshot import LengthSummary, length_points
+from vllm_autotuner.core.snapshot import LengthSummary, length_spread
 
 # vLLM's length buckets up to a 10,000-token context, then +Inf.
 BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -56,7 +56,9 @@ def test_a_fit_the_empty_buckets_agree_with_keeps_its_informative_points() -> No
     """A log-normal's own buckets: the fit to the bounds with 1-99 % under them expects next
     to nothing where the window saw nothing, so those bounds are all it is given."""
     buckets = _lognormal_buckets(600.0, 0.8, 4000.0)
-    points = length_points(buckets, math.log(600.0), 0.99)
+    spread = length_spread(buckets, math.log(600.0), 0.99)
+    assert spread is not None
+    points, _ = spread
     total = buckets[-1][1]
     assert points == [(math.log(b), c / total) for b, c in buckets[:-1] if 0.01 < c / total < 0.99]
 
@@ -68,7 +70,11 @@ def test_a_fit_that_fills_the_empty_buckets_is_given_every_bound() -> None:
         (10000.0, 108.0),
         (math.inf, 108.0),
     )
-    points = length_points(buckets, math.log(4436.0), 0.99)
+    spread = length_spread(buckets, math.log(4436.0), 0.99)
+    assert spread is not None
+    points, sigma = spread
     assert points == [(math.log(b), c / 108.0) for b, c in buckets[:-1]]
-    assert length_points((), 0.0, 0.99) == []
-    assert length_points(((100.0, 0.0), (math.inf, 0.0)), 0.0, 0.99) == []
+    assert 0.1 < sigma < 0.3, sigma  # the narrow spread: uniform 3,000-6,000 has 0.2
+    assert length_spread((), 0.0, 0.99) is None
+    assert length_spread(((100.0, 0.0), (math.inf, 0.0)), 0.0, 0.99) is None
+    assert length_spread(((math.inf, 5.0),), 0.0, 0.99) is None
