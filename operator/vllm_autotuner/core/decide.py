@@ -1025,9 +1025,10 @@ def _robust_proposal(
     weighed too (`_other_best`, `_best_at`); the reason names the fits."""
     judged = _judged_by(w.fits.lead, w.diag)
     current_rps = w.current.capacity_rps
+    serves = not w.diag.violates_slo
     robust = robust_gain(
         model, state.applied, best, w.workload, judged, w.fits.second, current_rps,
-        pred.capacity_rps,
+        pred.capacity_rps, applied_serves=serves,
     )  # fmt: skip
     binding = _binding_fit(robust, w.fits, judged)
     if binding is None:
@@ -1036,7 +1037,7 @@ def _robust_proposal(
     found, memo = _other_best(state, policy, w.diag, model, w.workload, at, w.check, memo, fit)
     other = _best_at(
         state, policy, model, w.workload, judged, w.fits.second, found, current_rps, best,
-        robust,
+        robust, serves,
     )  # fmt: skip
     if other is not None:
         chosen, pred, robust = other
@@ -1275,6 +1276,7 @@ def _best_at(
     current_rps: float,
     best: Knobs,
     robust: RobustGain,
+    applied_serves: bool,
 ) -> tuple[Knobs, Prediction, RobustGain] | None:
     """Of `other` (the best of a search at the fit whose gain bound the candidate's,
     `_other_best`) and the knobs between it and `best`, the one whose smallest gain under
@@ -1295,8 +1297,9 @@ def _best_at(
     for k in (other, *_between(best, other, state, policy)):
         pred = model.predict(k, workload, cal)
         gain = robust_gain(
-            model, state.applied, k, workload, cal, second, current_rps, pred.capacity_rps
-        )
+            model, state.applied, k, workload, cal, second, current_rps, pred.capacity_rps,
+            applied_serves=applied_serves,
+        )  # fmt: skip
         if found is None or gain.best_rps > found[2].best_rps:
             found = (k, pred, gain)
     assert found is not None

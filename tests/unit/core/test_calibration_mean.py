@@ -164,6 +164,25 @@ def test_the_smaller_gain_is_the_one_acted_on() -> None:
     assert not g.second_binds and g.second_ratio is None and g.best_rps == best_rps
 
 
+def test_a_fit_the_window_refutes_has_no_say() -> None:
+    """A second fit that predicts the applied knobs serve nothing (here a tenth of the
+    compute) says so of the candidate too. Where the window measured the applied knobs
+    meeting the SLO and the lead fit predicts they serve, that fit is refuted by its own
+    window and lowers nothing; otherwise its word stands."""
+    model, w, cal, now_rps, best_rps, best = _calibrated()
+    cal = cal.without_bound()
+    crippled = replace(cal, compute=cal.compute * 0.1, bandwidth=cal.bandwidth * 0.1)
+    assert model.predict(KNOBS, w, crippled).capacity_rps == 0.0
+    assert model.predict(best, w, crippled).capacity_rps == 0.0
+    g = robust_gain(model, KNOBS, best, w, cal, crippled, now_rps, best_rps)
+    assert g.second_binds and g.best_rps == 0.0
+    g = robust_gain(model, KNOBS, best, w, cal, crippled, now_rps, best_rps, applied_serves=True)
+    assert not g.binds and g.best_rps == best_rps and g.second_ratio is None
+    # The lead predicts no capacity for the applied knobs either: the other fit's word stands.
+    g = robust_gain(model, KNOBS, best, w, cal, crippled, 0.0, best_rps, applied_serves=True)
+    assert g.second_binds and g.best_rps == 0.0
+
+
 @pytest.mark.parametrize(("factor", "action"), [(1.0, "rollout"), (0.5, "hold")])
 def test_decide_holds_a_gain_the_recent_fits_do_not_predict(factor: float, action: str) -> None:
     """decide() keeps the mean in the state's calibration, and a candidate whose gain the
